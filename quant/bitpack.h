@@ -1,0 +1,102 @@
+// Dense mixed-bit packing (docs/wire-format.md, "Payload").
+//
+// Codes are written in row-major element order as one little-endian bit stream: element i takes
+// the next BitsAt(row, col) bits, least significant bit first, where stream bit k is bit (k % 8) of
+// byte k / 8. There is no padding between elements or rows; the last byte is zero-filled.
+// BitWriter and BitReader are the streaming primitives (inline: they are the codec's inner loop);
+// PackCodes and UnpackCodes apply them to a whole tensor of one-byte codes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "quant/bits_table.h"
+
+namespace amaq::quant {
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "the bit packer stores 32-bit words as they lie in memory: port it before using a "
+              "big-endian machine");
+
+class BitWriter {
+ public:
+  explicit BitWriter(uint8_t* out) : out_(out) {}
+
+  // Appends the low `bits` bits of `code` (code must be < 2^bits; 1 <= bits <= 8).
+  void Put(uint32_t code, int bits) {
+    acc_ |= static_cast<uint64_t>(code) << fill_;
+    fill_ += bits;
+    if (fill_ >= 32) {
+      const auto word = static_cast<uint32_t>(acc_);
+      std::memcpy(out_, &word, 4);
+      out_ += 4;
+      acc_ >>= 32;
+      fill_ -= 32;
+    }
+  }
+
+  // Writes the bits still held (zero-filling the last byte); returns one past the last byte.
+  uint8_t* Finish() {
+    while (fill_ > 0) {
+      *out_++ = static_cast<uint8_t>(acc_);
+      acc_ >>= 8;
+      fill_ = fill_ > 8 ? fill_ - 8 : 0;
+    }
+    return out_;
+  }
+
+ private:
+  uint8_t* out_;
+  uint64_t acc_ = 0;
+  int fill_ = 0;
+};
+
+class BitReader {
+ public:
+  // Reads from [in, in + size). Reading past the end yields zero bits, never touches memory
+  // outside the range; callers check sizes first (the codec does).
+  BitReader(const uint8_t* in, size_t size) : in_(in), end_(in + size) {}
+
+  uint32_t Get(int bits) {
+    if (fill_ < bits) Refill();
+    const auto value = static_cast<uint32_t>(acc_ & ((1u << bits) - 1u));
+    acc_ >>= bits;
+    fill_ -= bits;
+    return value;
+  }
+
+ private:
+  void Refill() {
+    if (end_ - in_ >= 4) {
+      uint32_t word;
+      std::memcpy(&word, in_, 4);
+      acc_ |= static_cast<uint64_t>(word) << fill_;
+      in_ += 4;
+      fill_ += 32;
+      return;
+    }
+    while (fill_ <= 56 && in_ < end_) {
+      acc_ |= static_cast<uint64_t>(*in_++) << fill_;
+      fill_ += 8;
+    }
+    if (in_ == end_ && fill_ < 32) fill_ = 32;  // past the end: zero bits
+  }
+
+  const uint8_t* in_;
+  const uint8_t* end_;
+  uint64_t acc_ = 0;
+  int fill_ = 0;
+};
+
+// Packs rows*cols one-byte codes (code < 2^BitsAt) into `out`, which must hold
+// bits.PackedBytes(rows, cols) bytes. The table must be valid for the shape.
+void PackCodes(const uint8_t* codes, int64_t rows, int64_t cols, const BitsTable& bits,
+               uint8_t* out);
+
+// Inverse of PackCodes. `packed_size` must equal bits.PackedBytes(rows, cols) (amaq::Error
+// kDataLoss otherwise).
+void UnpackCodes(const uint8_t* packed, size_t packed_size, int64_t rows, int64_t cols,
+                 const BitsTable& bits, uint8_t* codes);
+
+}  // namespace amaq::quant

@@ -1,0 +1,425 @@
+#include "quant/codec.h"
+
+#include <zlib.h>
+#include <zstd.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "common/error.h"
+#include "quant/bitpack.h"
+#include "quant/byte_io.h"
+#include "quant/grid.h"
+#include "quant/half.h"
+#include "quant/kernels.h"
+
+namespace amaq::quant {
+namespace {
+
+constexpr uint32_t kMagic = 0x54514d41;  // "AMQT" as bytes on the wire
+constexpr uint8_t kVersion = 1;
+constexpr uint8_t kFlagZstd = 1;
+constexpr uint8_t kFlagTableIncluded = 2;
+constexpr size_t kHeaderSize = 48;
+constexpr size_t kChecksumSize = 4;
+
+uint32_t Crc32(const uint8_t* data, size_t size) {
+  return static_cast<uint32_t>(crc32_z(crc32(0L, Z_NULL, 0), data, size));
+}
+
+size_t FloatSchemeWidth(Scheme s) { return s == Scheme::kFloat32 ? 4 : 2; }
+
+// Calls fn(begin, n, group) for each run of columns of row r that shares one scale group.
+// Not used for per-channel granularity, whose rows take the per-channel kernels.
+template <typename Fn>
+void ForEachRun(const GridSpec& spec, int64_t r, int64_t cols, Fn fn) {
+  switch (spec.granularity) {
+    case Granularity::kTensor: fn(int64_t{0}, cols, int64_t{0}); return;
+    case Granularity::kToken: fn(int64_t{0}, cols, r); return;
+    case Granularity::kGroup: {
+      const int64_t per_row = (cols + spec.group_size - 1) / spec.group_size;
+      for (int64_t k = 0; k < per_row; ++k) {
+        const int64_t begin = k * spec.group_size;
+        fn(begin, std::min<int64_t>(spec.group_size, cols - begin), r * per_row + k);
+      }
+      return;
+    }
+    case Granularity::kChannel: return;
+  }
+}
+
+std::vector<float> ChannelMaxCodes(Scheme scheme, const BitsTable& bits, int64_t cols) {
+  std::vector<float> max_codes(static_cast<size_t>(cols));
+  for (int64_t c = 0; c < cols; ++c) {
+    max_codes[static_cast<size_t>(c)] = static_cast<float>(MaxCode(scheme, bits.BitsAt(0, c)));
+  }
+  return max_codes;
+}
+
+void QuantizeAndPack(const float* x, int64_t rows, int64_t cols, const GridSpec& spec,
+                     const BitsTable& bits, const ScaleGrid& grid, const EncodeOptions& options,
+                     uint8_t* out, float* reconstruction) {
+  std::vector<uint8_t> codes(static_cast<size_t>(cols));
+  const bool per_channel = spec.granularity == Granularity::kChannel;
+  const std::vector<float> max_codes =
+      per_channel ? ChannelMaxCodes(spec.scheme, bits, cols) : std::vector<float>();
+  const bool stochastic = options.rounding == Rounding::kStochastic;
+  uint64_t rng = options.seed;
+  const float* zeros = grid.zeros.data();
+  const float* steps = grid.steps.data();
+  BitWriter writer(out);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * cols;
+    float* recon_row = reconstruction ? reconstruction + r * cols : nullptr;
+    if (per_channel) {
+      if (stochastic) {
+        QuantizeRowPerChannelStochastic(xr, cols, zeros, steps, max_codes.data(), &rng, codes.data());
+      } else {
+        QuantizeRowPerChannel(xr, cols, zeros, steps, max_codes.data(), codes.data());
+      }
+      if (recon_row) DequantizeRowPerChannel(codes.data(), cols, zeros, steps, recon_row);
+    } else {
+      ForEachRun(spec, r, cols, [&](int64_t begin, int64_t n, int64_t g) {
+        const auto max_code = static_cast<float>(MaxCode(spec.scheme, bits.BitsAt(r, begin)));
+        if (stochastic) {
+          QuantizeRunStochastic(xr + begin, n, zeros[g], steps[g], max_code, &rng,
+                                codes.data() + begin);
+        } else {
+          QuantizeRun(xr + begin, n, zeros[g], steps[g], max_code, codes.data() + begin);
+        }
+        if (recon_row) DequantizeRun(codes.data() + begin, n, zeros[g], steps[g], recon_row + begin);
+      });
+    }
+    if (bits.layout == BitsLayout::kPerChannel) {
+      for (int64_t c = 0; c < cols; ++c) writer.Put(codes[c], bits.bits[static_cast<size_t>(c)]);
+    } else {
+      const int b = bits.BitsAt(r, 0);
+      for (int64_t c = 0; c < cols; ++c) writer.Put(codes[c], b);
+    }
+  }
+  writer.Finish();
+}
+
+void UnpackAndDequantize(const uint8_t* packed, size_t size, int64_t rows, int64_t cols,
+                         const GridSpec& spec, const BitsTable& bits, const ScaleGrid& grid,
+                         float* out) {
+  std::vector<uint8_t> codes(static_cast<size_t>(cols));
+  const float* zeros = grid.zeros.data();
+  const float* steps = grid.steps.data();
+  BitReader reader(packed, size);
+  for (int64_t r = 0; r < rows; ++r) {
+    if (bits.layout == BitsLayout::kPerChannel) {
+      for (int64_t c = 0; c < cols; ++c) {
+        codes[c] = static_cast<uint8_t>(reader.Get(bits.bits[static_cast<size_t>(c)]));
+      }
+    } else {
+      const int b = bits.BitsAt(r, 0);
+      for (int64_t c = 0; c < cols; ++c) codes[c] = static_cast<uint8_t>(reader.Get(b));
+    }
+    float* row = out + r * cols;
+    if (spec.granularity == Granularity::kChannel) {
+      DequantizeRowPerChannel(codes.data(), cols, zeros, steps, row);
+    } else {
+      ForEachRun(spec, r, cols, [&](int64_t begin, int64_t n, int64_t g) {
+        DequantizeRun(codes.data() + begin, n, zeros[g], steps[g], row + begin);
+      });
+    }
+  }
+}
+
+void WriteFloats(const float* x, uint64_t n, Scheme scheme, uint8_t* out, float* reconstruction) {
+  if (scheme == Scheme::kFloat32) {
+    std::memcpy(out, x, n * sizeof(float));
+    if (reconstruction) std::memcpy(reconstruction, x, n * sizeof(float));
+    return;
+  }
+  for (uint64_t i = 0; i < n; ++i) {
+    const uint16_t h = scheme == Scheme::kBFloat16 ? FloatToBFloat16(x[i]) : FloatToHalf(x[i]);
+    std::memcpy(out + 2 * i, &h, 2);
+    if (reconstruction) reconstruction[i] = scheme == Scheme::kBFloat16 ? BFloat16ToFloat(h) : HalfToFloat(h);
+  }
+}
+
+void ReadFloats(const uint8_t* in, uint64_t n, Scheme scheme, float* out) {
+  if (scheme == Scheme::kFloat32) {
+    std::memcpy(out, in, n * sizeof(float));
+    return;
+  }
+  for (uint64_t i = 0; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, in + 2 * i, 2);
+    out[i] = scheme == Scheme::kBFloat16 ? BFloat16ToFloat(h) : HalfToFloat(h);
+  }
+}
+
+void PutScale(ByteWriter& w, ScaleFormat format, float value) {
+  if (format == ScaleFormat::kFloat16) {
+    w.Put(FloatToHalf(value));  // exact: grid values are representable
+  } else {
+    w.Put(value);
+  }
+}
+
+float GetScale(ByteReader& r, ScaleFormat format, const char* field) {
+  return format == ScaleFormat::kFloat16 ? HalfToFloat(r.Get<uint16_t>(field)) : r.Get<float>(field);
+}
+
+std::string ShapeText(int64_t rows, int64_t cols) {
+  return "[" + std::to_string(rows) + ", " + std::to_string(cols) + "]";
+}
+
+}  // namespace
+
+uint32_t BitsTableCrc(const BitsTable& bits) {
+  std::vector<uint8_t> bytes;
+  bytes.reserve(bits.bits.size() + 1);
+  bytes.push_back(static_cast<uint8_t>(bits.layout));
+  bytes.insert(bytes.end(), bits.bits.begin(), bits.bits.end());
+  return Crc32(bytes.data(), bytes.size());
+}
+
+Encoded Encoder::Encode(const float* x, int64_t rows, int64_t cols, const BitsTable& bits,
+                        const EncodeOptions& options, float* reconstruction) {
+  Require(rows >= 0 && cols >= 0, ErrorCode::kInvalidArgument,
+          "tensor shape " + ShapeText(rows, cols) + " has a negative dimension");
+  Require(rows == 0 || cols <= std::numeric_limits<int64_t>::max() / 8 / rows,
+          ErrorCode::kInvalidArgument, "tensor shape " + ShapeText(rows, cols) + " is too large");
+  Require(options.scheme <= Scheme::kSymmetric, ErrorCode::kInvalidArgument,
+          "unknown scheme " + std::to_string(static_cast<int>(options.scheme)) +
+              ": use fp32, bf16, fp16, affine or symmetric");
+  const uint64_t elements = static_cast<uint64_t>(rows) * static_cast<uint64_t>(cols);
+  const bool is_float = IsFloatScheme(options.scheme);
+  const GridSpec spec{options.scheme, options.granularity, options.group_size};
+
+  ScaleGrid grid;
+  std::vector<uint8_t> payload;
+  if (is_float) {
+    RequireFinite(x, rows, cols);
+    payload.resize(elements * FloatSchemeWidth(options.scheme));
+    WriteFloats(x, elements, options.scheme, payload.data(), reconstruction);
+  } else {
+    grid = ComputeGrid(x, rows, cols, spec, bits, options.scale_format);
+    payload.resize(bits.PackedBytes(rows, cols));
+    QuantizeAndPack(x, rows, cols, spec, bits, grid, options, payload.data(), reconstruction);
+  }
+
+  uint8_t flags = 0;
+  if (options.zstd && !payload.empty()) {
+    std::vector<uint8_t> compressed(ZSTD_compressBound(payload.size()));
+    const size_t n = ZSTD_compress(compressed.data(), compressed.size(), payload.data(),
+                                   payload.size(), options.zstd_level);
+    Require(!ZSTD_isError(n), ErrorCode::kInternal,
+            std::string("zstd compression failed: ") + ZSTD_getErrorName(n));
+    if (n < payload.size()) {
+      compressed.resize(n);
+      payload.swap(compressed);
+      flags |= kFlagZstd;
+    }
+  }
+
+  uint32_t table_crc = 0;
+  bool include_table = false;
+  if (!is_float) {
+    table_crc = BitsTableCrc(bits);
+    include_table = !(last_table_crc_ && *last_table_crc_ == table_crc);
+    if (include_table) flags |= kFlagTableIncluded;
+  }
+
+  Encoded result;
+  std::vector<uint8_t>& out = result.bytes;
+  out.reserve(kHeaderSize + bits.bits.size() + 8 * grid.steps.size() + payload.size() + 4);
+  ByteWriter w(&out);
+  w.Put(kMagic);
+  w.Put(kVersion);
+  w.Put(static_cast<uint8_t>(options.scheme));
+  w.Put(static_cast<uint8_t>(is_float ? Granularity::kTensor : options.granularity));
+  w.Put(static_cast<uint8_t>(is_float ? BitsLayout::kUniform : bits.layout));
+  w.Put(static_cast<uint8_t>(grid.format));
+  w.Put(flags);
+  w.Put(uint16_t{0});
+  w.Put(static_cast<uint32_t>(options.granularity == Granularity::kGroup ? options.group_size : 0));
+  w.Put(static_cast<uint64_t>(rows));
+  w.Put(static_cast<uint64_t>(cols));
+  w.Put(table_crc);
+  w.Put(static_cast<uint32_t>(include_table ? bits.bits.size() : 0));
+  w.Put(static_cast<uint64_t>(payload.size()));
+  if (include_table) w.PutBytes(bits.bits.data(), bits.bits.size());
+  if (options.scheme == Scheme::kAffine) {
+    for (float z : grid.zeros) PutScale(w, grid.format, z);
+  }
+  for (float s : grid.steps) PutScale(w, grid.format, s);
+  w.PutBytes(payload.data(), payload.size());
+  w.Put(Crc32(out.data(), out.size()));
+
+  if (!is_float) last_table_crc_ = table_crc;
+  result.count.payload = payload.size();
+  result.count.metadata = out.size() - payload.size();
+  result.average_bits = is_float ? 8.0 * static_cast<double>(FloatSchemeWidth(options.scheme))
+                                 : bits.AverageBits(rows, cols);
+  return result;
+}
+
+Decoded Decoder::Decode(const uint8_t* data, size_t size) {
+  Require(size >= kHeaderSize + kChecksumSize, ErrorCode::kDataLoss,
+          "tensor message has " + std::to_string(size) + " bytes, less than the " +
+              std::to_string(kHeaderSize + kChecksumSize) +
+              "-byte minimum: it was truncated; resend it");
+  ByteReader r(data, size - kChecksumSize);
+  Require(r.Get<uint32_t>("magic") == kMagic, ErrorCode::kDataLoss,
+          "tensor message does not start with 'AMQT': it is not an amaq tensor (or is corrupted)");
+  const auto version = r.Get<uint8_t>("version");
+  Require(version == kVersion, ErrorCode::kDataLoss,
+          "tensor message has format version " + std::to_string(version) + ", this build reads " +
+              std::to_string(kVersion) + ": run the same amaq version on both sides");
+  uint32_t stored_crc;
+  std::memcpy(&stored_crc, data + size - kChecksumSize, kChecksumSize);
+  Require(stored_crc == Crc32(data, size - kChecksumSize), ErrorCode::kDataLoss,
+          "tensor message checksum mismatch: it was corrupted in transit; resend it");
+
+  Decoded d;
+  const auto scheme_byte = r.Get<uint8_t>("scheme");
+  const auto granularity_byte = r.Get<uint8_t>("granularity");
+  const auto layout_byte = r.Get<uint8_t>("bits_layout");
+  const auto format_byte = r.Get<uint8_t>("scale_format");
+  const auto flags = r.Get<uint8_t>("flags");
+  const auto reserved = r.Get<uint16_t>("reserved");
+  const auto group_size = r.Get<uint32_t>("group_size");
+  const auto rows = r.Get<uint64_t>("rows");
+  const auto cols = r.Get<uint64_t>("cols");
+  const auto table_crc = r.Get<uint32_t>("bits_table_crc");
+  const auto table_entries = r.Get<uint32_t>("bits_table_entries");
+  auto payload_size = r.Get<uint64_t>("payload_size");
+
+  Require(scheme_byte <= static_cast<uint8_t>(Scheme::kSymmetric), ErrorCode::kDataLoss,
+          "unknown scheme " + std::to_string(scheme_byte) + " in tensor message");
+  Require(granularity_byte <= static_cast<uint8_t>(Granularity::kGroup), ErrorCode::kDataLoss,
+          "unknown granularity " + std::to_string(granularity_byte) + " in tensor message");
+  Require(layout_byte <= static_cast<uint8_t>(BitsLayout::kPerToken), ErrorCode::kDataLoss,
+          "unknown bits layout " + std::to_string(layout_byte) + " in tensor message");
+  Require(format_byte <= static_cast<uint8_t>(ScaleFormat::kFloat32), ErrorCode::kDataLoss,
+          "unknown scale format " + std::to_string(format_byte) + " in tensor message");
+  Require((flags & ~(kFlagZstd | kFlagTableIncluded)) == 0 && reserved == 0,
+          ErrorCode::kDataLoss, "tensor message sets unknown flags: it comes from a newer amaq");
+  Require(cols == 0 || rows <= limits_.max_elements / cols, ErrorCode::kResourceExhausted,
+          "tensor message shape " + std::to_string(rows) + " x " + std::to_string(cols) +
+              " exceeds the limit of " + std::to_string(limits_.max_elements) +
+              " elements: send smaller batches or raise the decoder's max_elements");
+  Require(rows <= limits_.max_elements && cols <= limits_.max_elements,
+          ErrorCode::kResourceExhausted,
+          "tensor message dimension exceeds " + std::to_string(limits_.max_elements));
+  d.rows = static_cast<int64_t>(rows);
+  d.cols = static_cast<int64_t>(cols);
+  d.scheme = static_cast<Scheme>(scheme_byte);
+  d.granularity = static_cast<Granularity>(granularity_byte);
+  const auto format = static_cast<ScaleFormat>(format_byte);
+  const bool is_float = IsFloatScheme(d.scheme);
+  const uint64_t elements = rows * cols;
+
+  GridSpec spec{d.scheme, d.granularity, static_cast<int>(group_size)};
+  ScaleGrid grid;
+  uint64_t raw_payload_size = 0;
+  if (is_float) {
+    Require(d.granularity == Granularity::kTensor && layout_byte == 0 && table_entries == 0 &&
+                (flags & kFlagTableIncluded) == 0,
+            ErrorCode::kDataLoss, "a float tensor message must carry no bits table or scales");
+    raw_payload_size = elements * FloatSchemeWidth(d.scheme);
+  } else {
+    Require(d.granularity != Granularity::kGroup || (group_size > 0 && group_size <= (1u << 24)),
+            ErrorCode::kDataLoss,
+            "group size " + std::to_string(group_size) + " in tensor message is out of range");
+    const auto layout = static_cast<BitsLayout>(layout_byte);
+    const int64_t expected = BitsTable::ExpectedEntries(layout, d.rows, d.cols);
+    if (flags & kFlagTableIncluded) {
+      Require(table_entries == static_cast<uint64_t>(expected), ErrorCode::kDataLoss,
+              "bits table has " + std::to_string(table_entries) + " entries but a " +
+                  ToString(layout) + " table for " + ShapeText(d.rows, d.cols) + " needs " +
+                  std::to_string(expected));
+      const uint8_t* entries = r.Take(table_entries, "bits_table");
+      d.bits = BitsTable{layout, std::vector<uint8_t>(entries, entries + table_entries)};
+      Require(BitsTableCrc(d.bits) == table_crc, ErrorCode::kDataLoss,
+              "bits table does not match its checksum: the message is corrupted; resend it");
+    } else {
+      Require(table_entries == 0, ErrorCode::kDataLoss,
+              "tensor message counts bits-table entries but says it carries none");
+      Require(last_table_ && last_table_->first == table_crc, ErrorCode::kFailedPrecondition,
+              "tensor message refers to a bits table this decoder does not hold (the stream "
+              "restarted or a message was lost): the sender must reset its encoder and resend");
+      d.bits = last_table_->second;
+      Require(d.bits.layout == layout &&
+                  static_cast<int64_t>(d.bits.bits.size()) == expected,
+              ErrorCode::kDataLoss, "the referenced bits table does not fit the tensor's shape");
+    }
+    try {
+      ValidateGridSpec(spec, d.bits, d.rows, d.cols);
+    } catch (const Error& e) {
+      throw Error(ErrorCode::kDataLoss, std::string("tensor message is invalid: ") + e.what());
+    }
+    const int64_t groups = ScaleGroupCount(spec, d.rows, d.cols);
+    grid.format = format;
+    grid.zeros.resize(static_cast<size_t>(groups));
+    grid.steps.resize(static_cast<size_t>(groups));
+    const size_t scale_bytes = format == ScaleFormat::kFloat16 ? 2 : 4;
+    const uint64_t scale_count = (d.scheme == Scheme::kAffine ? 2u : 1u) * static_cast<uint64_t>(groups);
+    Require(scale_count * scale_bytes <= r.remaining(), ErrorCode::kDataLoss,
+            "tensor message ends inside its scales: it was truncated; resend it");
+    if (d.scheme == Scheme::kAffine) {
+      for (auto& z : grid.zeros) z = GetScale(r, format, "zeros");
+    }
+    for (auto& s : grid.steps) s = GetScale(r, format, "steps");
+    for (int64_t g = 0; g < groups; ++g) {
+      const float step = grid.steps[static_cast<size_t>(g)];
+      Require(std::isfinite(step) && step > 0.0f, ErrorCode::kDataLoss,
+              "scale group " + std::to_string(g) + " has step " + std::to_string(step) +
+                  ": steps must be finite and positive; the message is corrupted");
+      if (d.scheme == Scheme::kSymmetric) {
+        grid.zeros[static_cast<size_t>(g)] = SymmetricZero(step, ScaleGroupBits(d.bits, g));
+      }
+      const float zero = grid.zeros[static_cast<size_t>(g)];
+      Require(std::isfinite(zero) && std::isfinite(zero + 255.0f * step), ErrorCode::kDataLoss,
+              "scale group " + std::to_string(g) +
+                  " decodes to non-finite values: the message is corrupted");
+    }
+    raw_payload_size = d.bits.PackedBytes(d.rows, d.cols);
+  }
+
+  Require(payload_size == r.remaining(), ErrorCode::kDataLoss,
+          "tensor message says its payload has " + std::to_string(payload_size) + " bytes but " +
+              std::to_string(r.remaining()) + " follow: it was truncated or corrupted");
+  const uint8_t* payload = r.Take(payload_size, "payload");
+  const uint64_t wire_payload_size = payload_size;
+  std::vector<uint8_t> decompressed;
+  if (flags & kFlagZstd) {
+    const unsigned long long content = ZSTD_getFrameContentSize(payload, payload_size);
+    Require(content == raw_payload_size, ErrorCode::kDataLoss,
+            "compressed payload declares " + std::to_string(content) + " bytes, the shape needs " +
+                std::to_string(raw_payload_size) + ": refusing to decompress it");
+    decompressed.resize(raw_payload_size);
+    const size_t n = ZSTD_decompress(decompressed.data(), decompressed.size(), payload, payload_size);
+    Require(!ZSTD_isError(n) && n == raw_payload_size, ErrorCode::kDataLoss,
+            std::string("compressed payload is corrupted (") +
+                (ZSTD_isError(n) ? ZSTD_getErrorName(n) : "wrong size") + "): resend it");
+    payload = decompressed.data();
+    payload_size = decompressed.size();
+  } else {
+    Require(payload_size == raw_payload_size, ErrorCode::kDataLoss,
+            "payload has " + std::to_string(payload_size) + " bytes but " +
+                ShapeText(d.rows, d.cols) + " needs " + std::to_string(raw_payload_size) +
+                ": the message was truncated or corrupted");
+  }
+
+  d.values.resize(elements);
+  if (is_float) {
+    ReadFloats(payload, elements, d.scheme, d.values.data());
+    RequireFinite(d.values.data(), d.rows, d.cols);
+  } else {
+    UnpackAndDequantize(payload, payload_size, d.rows, d.cols, spec, d.bits, grid,
+                        d.values.data());
+    last_table_ = std::make_pair(table_crc, d.bits);
+  }
+  d.count.payload = wire_payload_size;
+  d.count.metadata = size - wire_payload_size;
+  return d;
+}
+
+}  // namespace amaq::quant

@@ -1,0 +1,70 @@
+#include "quant/kernels.h"
+
+namespace amaq::quant {
+namespace {
+
+constexpr float kRoundMagic = 8388608.0f;  // 2^23
+
+inline float Clamp(float u, float max_code) {
+  u = u > 0.0f ? u : 0.0f;
+  return u < max_code ? u : max_code;
+}
+
+inline uint8_t RoundHalfEven(float u) {
+  return static_cast<uint8_t>(static_cast<int>((u + kRoundMagic) - kRoundMagic));
+}
+
+// splitmix64: a fast, well-mixed generator; 24 random bits give r in [0, 1).
+inline float NextUniform(uint64_t* state) {
+  uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return static_cast<float>(z >> 40) * (1.0f / 16777216.0f);
+}
+
+inline uint8_t StochasticCode(float u, float max_code, uint64_t* state) {
+  const float v = u + NextUniform(state);
+  return static_cast<uint8_t>(static_cast<int>(v < max_code ? v : max_code));
+}
+
+}  // namespace
+
+void QuantizeRun(const float* x, int64_t n, float zero, float step, float max_code,
+                 uint8_t* codes) {
+  for (int64_t i = 0; i < n; ++i) codes[i] = RoundHalfEven(Clamp((x[i] - zero) / step, max_code));
+}
+
+void QuantizeRunStochastic(const float* x, int64_t n, float zero, float step, float max_code,
+                           uint64_t* rng_state, uint8_t* codes) {
+  for (int64_t i = 0; i < n; ++i) {
+    codes[i] = StochasticCode(Clamp((x[i] - zero) / step, max_code), max_code, rng_state);
+  }
+}
+
+void DequantizeRun(const uint8_t* codes, int64_t n, float zero, float step, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = zero + static_cast<float>(codes[i]) * step;
+}
+
+void QuantizeRowPerChannel(const float* x, int64_t n, const float* zeros, const float* steps,
+                           const float* max_codes, uint8_t* codes) {
+  for (int64_t i = 0; i < n; ++i) {
+    codes[i] = RoundHalfEven(Clamp((x[i] - zeros[i]) / steps[i], max_codes[i]));
+  }
+}
+
+void QuantizeRowPerChannelStochastic(const float* x, int64_t n, const float* zeros,
+                                     const float* steps, const float* max_codes,
+                                     uint64_t* rng_state, uint8_t* codes) {
+  for (int64_t i = 0; i < n; ++i) {
+    codes[i] = StochasticCode(Clamp((x[i] - zeros[i]) / steps[i], max_codes[i]), max_codes[i],
+                              rng_state);
+  }
+}
+
+void DequantizeRowPerChannel(const uint8_t* codes, int64_t n, const float* zeros,
+                             const float* steps, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = zeros[i] + static_cast<float>(codes[i]) * steps[i];
+}
+
+}  // namespace amaq::quant

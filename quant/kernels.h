@@ -1,0 +1,32 @@
+// The element loops of quantization over raw float buffers: a run of values that share one
+// (zero, step, max_code), or a row whose every column has its own (per-channel scales). These are
+// the codec's hot loops, written so that the compiler vectorizes them; they give the same codes on
+// every machine (the library is built with -ffp-contract=off).
+//
+//   nearest:    code = round_half_even(clamp((x - zero) / step, 0, max_code))
+//   stochastic: code = min(floor(clamp((x - zero) / step, 0, max_code) + r), max_code), r ~ U[0, 1)
+//   dequantize: x_hat = zero + code * step
+//
+// round_half_even is computed as (u + 2^23) - 2^23, which equals std::nearbyint and torch.round
+// for 0 <= u <= 255 without needing SSE4.1.
+#pragma once
+
+#include <cstdint>
+
+namespace amaq::quant {
+
+void QuantizeRun(const float* x, int64_t n, float zero, float step, float max_code,
+                 uint8_t* codes);
+void QuantizeRunStochastic(const float* x, int64_t n, float zero, float step, float max_code,
+                           uint64_t* rng_state, uint8_t* codes);
+void DequantizeRun(const uint8_t* codes, int64_t n, float zero, float step, float* out);
+
+void QuantizeRowPerChannel(const float* x, int64_t n, const float* zeros, const float* steps,
+                           const float* max_codes, uint8_t* codes);
+void QuantizeRowPerChannelStochastic(const float* x, int64_t n, const float* zeros,
+                                     const float* steps, const float* max_codes,
+                                     uint64_t* rng_state, uint8_t* codes);
+void DequantizeRowPerChannel(const uint8_t* codes, int64_t n, const float* zeros,
+                             const float* steps, float* out);
+
+}  // namespace amaq::quant

@@ -1,0 +1,355 @@
+#include "quant/codec.h"
+
+#include <gtest/gtest.h>
+#include <zlib.h>
+#include <zstd.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+
+#include "common/error.h"
+#include "quant/grid.h"
+#include "test_tensors.h"
+
+namespace amaq::quant {
+namespace {
+
+struct Case {
+  Scheme scheme;
+  Granularity granularity;
+  int group_size;
+};
+
+const Case kQuantCases[] = {
+    {Scheme::kAffine, Granularity::kTensor, 0},     {Scheme::kAffine, Granularity::kChannel, 0},
+    {Scheme::kAffine, Granularity::kToken, 0},      {Scheme::kAffine, Granularity::kGroup, 64},
+    {Scheme::kAffine, Granularity::kGroup, 128},    {Scheme::kSymmetric, Granularity::kTensor, 0},
+    {Scheme::kSymmetric, Granularity::kChannel, 0}, {Scheme::kSymmetric, Granularity::kToken, 0},
+    {Scheme::kSymmetric, Granularity::kGroup, 64},
+};
+
+EncodeOptions Options(const Case& c) {
+  EncodeOptions o;
+  o.scheme = c.scheme;
+  o.granularity = c.granularity;
+  o.group_size = c.group_size;
+  return o;
+}
+
+// Error of every element against its own scale group's step.
+void ExpectErrorWithinBound(const std::vector<float>& x, const std::vector<float>& x_hat,
+                            int64_t rows, int64_t cols, const Case& c, int bits,
+                            ScaleFormat format, double steps_allowed) {
+  const GridSpec spec{c.scheme, c.granularity, c.group_size};
+  const ScaleGrid grid = ComputeGrid(x.data(), rows, cols, spec, BitsTable::Uniform(bits), format);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t col = 0; col < cols; ++col) {
+      const int64_t g = ScaleGroupOf(spec, r, col, cols);
+      const double step = grid.steps[g];
+      const double v = x[r * cols + col], q = x_hat[r * cols + col];
+      const double slack = 1e-6 * (std::fabs(v) + std::fabs(grid.zeros[g]) + 256 * step);
+      ASSERT_LE(std::fabs(v - q), steps_allowed * step + slack)
+          << "element (" << r << ", " << col << ") bits " << bits;
+    }
+  }
+}
+
+TEST(Codec, NearestRoundingErrorIsAtMostHalfAStep) {
+  const int64_t rows = 37, cols = 150;  // odd sizes: partial last group
+  for (const auto& input : {testing::GaussianTensor(rows, cols, 11),
+                            testing::HeavyTailedTensor(rows, cols, 12)}) {
+    for (const Case& c : kQuantCases) {
+      for (int b = (c.scheme == Scheme::kSymmetric ? 2 : 1); b <= 8; ++b) {
+        SCOPED_TRACE(ToString(c.scheme) + " " + ToString(c.granularity) + " bits " + std::to_string(b));
+        std::vector<float> recon(input.size());
+        Encoder encoder;
+        const Encoded e = encoder.Encode(input.data(), rows, cols, BitsTable::Uniform(b), Options(c),
+                                         recon.data());
+        ExpectErrorWithinBound(input, recon, rows, cols, c, b, ScaleFormat::kFloat16, 0.5);
+        const Decoded d = Decoder().Decode(e.bytes.data(), e.bytes.size());
+        ASSERT_EQ(d.values, recon) << "decoder and encoder disagree";
+        EXPECT_EQ(e.count.total(), e.bytes.size());
+        EXPECT_EQ(e.count.payload, BitsTable::Uniform(b).PackedBytes(rows, cols));
+        EXPECT_DOUBLE_EQ(e.average_bits, b);
+      }
+    }
+  }
+}
+
+TEST(Codec, MoreBitsMeanLessError) {
+  const int64_t rows = 64, cols = 64;
+  const auto x = testing::GaussianTensor(rows, cols, 5);
+  double previous = INFINITY;
+  for (int b = 1; b <= 8; ++b) {
+    std::vector<float> recon(x.size());
+    Encoder().Encode(x.data(), rows, cols, BitsTable::Uniform(b), EncodeOptions{}, recon.data());
+    double mse = 0;
+    for (size_t i = 0; i < x.size(); ++i) mse += (x[i] - recon[i]) * (x[i] - recon[i]);
+    EXPECT_LT(mse, previous * 0.6) << "bits " << b;
+    previous = mse;
+  }
+}
+
+TEST(Codec, StochasticRoundingIsUnbiasedAndWithinOneStep) {
+  const int64_t rows = 8, cols = 16;
+  const auto x = testing::GaussianTensor(rows, cols, 9);
+  const Case c{Scheme::kAffine, Granularity::kChannel, 0};
+  EncodeOptions o = Options(c);
+  o.rounding = Rounding::kStochastic;
+  std::vector<double> mean(x.size(), 0.0);
+  const int trials = 2000;
+  for (int t = 0; t < trials; ++t) {
+    o.seed = static_cast<uint64_t>(t);
+    std::vector<float> recon(x.size());
+    Encoder().Encode(x.data(), rows, cols, BitsTable::Uniform(2), o, recon.data());
+    if (t == 0) ExpectErrorWithinBound(x, recon, rows, cols, c, 2, ScaleFormat::kFloat16, 1.0);
+    for (size_t i = 0; i < x.size(); ++i) mean[i] += recon[i] / trials;
+  }
+  const ScaleGrid grid = ComputeGrid(x.data(), rows, cols, {c.scheme, c.granularity, 0},
+                                     BitsTable::Uniform(2), ScaleFormat::kFloat16);
+  for (size_t i = 0; i < x.size(); ++i) {
+    // The mean of 2000 draws with spread <= step/2 lies within 5 standard errors of x.
+    EXPECT_NEAR(mean[i], x[i], 5 * grid.steps[i % cols] * 0.5 / std::sqrt(trials)) << i;
+  }
+}
+
+TEST(Codec, MixedBitsPerChannelAndPerToken) {
+  const int64_t rows = 24, cols = 40;
+  const auto x = testing::GaussianTensor(rows, cols, 21);
+  std::vector<uint8_t> per_channel(cols), per_token(rows);
+  for (int64_t c = 0; c < cols; ++c) per_channel[c] = static_cast<uint8_t>(1 + c % 8);
+  for (int64_t r = 0; r < rows; ++r) per_token[r] = static_cast<uint8_t>(8 - r % 6);
+  struct Mixed {
+    BitsTable bits;
+    Granularity granularity;
+  };
+  for (const Mixed& m : {Mixed{BitsTable::PerChannel(per_channel), Granularity::kChannel},
+                         Mixed{BitsTable::PerToken(per_token), Granularity::kToken}}) {
+    EncodeOptions o;
+    o.granularity = m.granularity;
+    std::vector<float> recon(x.size());
+    const Encoded e = Encoder().Encode(x.data(), rows, cols, m.bits, o, recon.data());
+    EXPECT_EQ(e.count.payload, m.bits.PackedBytes(rows, cols));
+    EXPECT_DOUBLE_EQ(e.average_bits, m.bits.AverageBits(rows, cols));
+    const Decoded d = Decoder().Decode(e.bytes.data(), e.bytes.size());
+    EXPECT_EQ(d.values, recon);
+    EXPECT_EQ(d.bits, m.bits);
+    // Each element within half a step of its own width.
+    const ScaleGrid grid = ComputeGrid(x.data(), rows, cols, {Scheme::kAffine, m.granularity, 0},
+                                       m.bits, ScaleFormat::kFloat16);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        const float step = grid.steps[m.granularity == Granularity::kChannel ? c : r];
+        ASSERT_LE(std::fabs(x[r * cols + c] - recon[r * cols + c]), step * 0.5f * 1.0001f + 1e-6f);
+      }
+    }
+  }
+}
+
+TEST(Codec, FloatSchemesPassThrough) {
+  const int64_t rows = 5, cols = 7;
+  const auto x = testing::GaussianTensor(rows, cols, 2);
+  for (Scheme s : {Scheme::kFloat32, Scheme::kBFloat16, Scheme::kFloat16}) {
+    EncodeOptions o;
+    o.scheme = s;
+    std::vector<float> recon(x.size());
+    const Encoded e = Encoder().Encode(x.data(), rows, cols, BitsTable{}, o, recon.data());
+    EXPECT_EQ(e.count.payload, x.size() * (s == Scheme::kFloat32 ? 4 : 2));
+    const Decoded d = Decoder().Decode(e.bytes.data(), e.bytes.size());
+    EXPECT_EQ(d.values, recon);
+    for (size_t i = 0; i < x.size(); ++i) {
+      const float rel = s == Scheme::kFloat32 ? 0.0f : (s == Scheme::kBFloat16 ? 1.0f / 256 : 1.0f / 2048);
+      EXPECT_LE(std::fabs(recon[i] - x[i]), rel * std::fabs(x[i])) << ToString(s);
+    }
+  }
+}
+
+TEST(Codec, OneElementAndEmptyTensors) {
+  const float one = 3.25f;
+  for (int b = 1; b <= 8; ++b) {
+    const Encoded e = Encoder().Encode(&one, 1, 1, BitsTable::Uniform(b), EncodeOptions{});
+    EXPECT_EQ(Decoder().Decode(e.bytes.data(), e.bytes.size()).values, std::vector<float>{one});
+  }
+  const Encoded empty = Encoder().Encode(nullptr, 0, 16, BitsTable::Uniform(3), EncodeOptions{});
+  const Decoded d = Decoder().Decode(empty.bytes.data(), empty.bytes.size());
+  EXPECT_EQ(d.rows, 0);
+  EXPECT_EQ(d.cols, 16);
+  EXPECT_TRUE(d.values.empty());
+}
+
+TEST(Codec, MetadataAccounting) {
+  const int64_t rows = 256, cols = 512;
+  const auto x = testing::GaussianTensor(rows, cols, 4);
+  const Encoded e = Encoder().Encode(x.data(), rows, cols, BitsTable::Uniform(3), EncodeOptions{});
+  // header 48 + one table entry + (zero, step) fp16 per channel + CRC 4
+  EXPECT_EQ(e.count.metadata, 48u + 1u + 4u * cols + 4u);
+  EXPECT_EQ(e.count.payload, static_cast<uint64_t>(rows * cols * 3 / 8));
+}
+
+TEST(Codec, BitsTableIsSentOnlyWhenItChanges) {
+  const int64_t rows = 4, cols = 32;
+  const auto x = testing::GaussianTensor(rows, cols, 8);
+  std::vector<uint8_t> widths(cols, 5);
+  widths[3] = 2;
+  const BitsTable table = BitsTable::PerChannel(widths);
+  Encoder encoder;
+  Decoder decoder;
+  const Encoded first = encoder.Encode(x.data(), rows, cols, table, EncodeOptions{});
+  const Encoded second = encoder.Encode(x.data(), rows, cols, table, EncodeOptions{});
+  EXPECT_EQ(first.bytes.size(), second.bytes.size() + cols);
+  const Decoded from_first = decoder.Decode(first.bytes.data(), first.bytes.size());
+  const Decoded from_second = decoder.Decode(second.bytes.data(), second.bytes.size());
+  EXPECT_EQ(from_first.values, from_second.values);
+  EXPECT_EQ(from_second.bits, table);
+
+  // A decoder that missed the table refuses the reference and keeps working afterwards.
+  Decoder fresh;
+  try {
+    fresh.Decode(second.bytes.data(), second.bytes.size());
+    FAIL() << "expected an error";
+  } catch (const Error& err) {
+    EXPECT_EQ(err.code(), ErrorCode::kFailedPrecondition);
+  }
+  encoder.Reset();
+  const Encoded resent = encoder.Encode(x.data(), rows, cols, table, EncodeOptions{});
+  EXPECT_EQ(resent.bytes.size(), first.bytes.size());
+  EXPECT_NO_THROW(fresh.Decode(resent.bytes.data(), resent.bytes.size()));
+
+  // A changed table is sent again.
+  widths[3] = 6;
+  const Encoded changed = encoder.Encode(x.data(), rows, cols, BitsTable::PerChannel(widths),
+                                         EncodeOptions{});
+  EXPECT_EQ(changed.bytes.size(), first.bytes.size() + (6 - 2) * rows / 8);
+}
+
+TEST(Codec, ZstdIsUsedOnlyWhenItShrinksThePayload) {
+  const int64_t rows = 64, cols = 64;
+  std::vector<float> smooth(rows * cols);
+  for (size_t i = 0; i < smooth.size(); ++i) smooth[i] = static_cast<float>(i % 3);  // compressible
+  EncodeOptions o;
+  o.zstd = true;
+  const Encoded plain = Encoder().Encode(smooth.data(), rows, cols, BitsTable::Uniform(8), EncodeOptions{});
+  const Encoded packed = Encoder().Encode(smooth.data(), rows, cols, BitsTable::Uniform(8), o);
+  EXPECT_LT(packed.count.payload, plain.count.payload / 4);
+  EXPECT_EQ(Decoder().Decode(packed.bytes.data(), packed.bytes.size()).values,
+            Decoder().Decode(plain.bytes.data(), plain.bytes.size()).values);
+
+  const auto noise = testing::GaussianTensor(rows, cols, 1);  // 3-bit codes of noise barely compress
+  const Encoded noisy = Encoder().Encode(noise.data(), rows, cols, BitsTable::Uniform(3), o);
+  EXPECT_LE(noisy.count.payload, BitsTable::Uniform(3).PackedBytes(rows, cols));
+  EXPECT_NO_THROW(Decoder().Decode(noisy.bytes.data(), noisy.bytes.size()));
+}
+
+TEST(Codec, NonFiniteInputIsRefused) {
+  std::vector<float> x(16, 1.0f);
+  x[5] = -INFINITY;
+  for (Scheme s : {Scheme::kFloat32, Scheme::kAffine}) {
+    EncodeOptions o;
+    o.scheme = s;
+    EXPECT_THROW(Encoder().Encode(x.data(), 4, 4, BitsTable::Uniform(4), o), Error);
+  }
+}
+
+// ---- malformed input: every case is an amaq::Error, never a crash ----
+
+// Recomputes the trailing CRC so that a deliberately broken field reaches its own check.
+void Reseal(std::vector<uint8_t>* bytes) {
+  const uint32_t crc = static_cast<uint32_t>(crc32_z(0, bytes->data(), bytes->size() - 4));
+  std::memcpy(bytes->data() + bytes->size() - 4, &crc, 4);
+}
+
+ErrorCode DecodeError(const std::vector<uint8_t>& bytes) {
+  try {
+    Decoder().Decode(bytes.data(), bytes.size());
+  } catch (const Error& e) {
+    EXPECT_GT(std::strlen(e.what()), 20u);
+    return e.code();
+  }
+  ADD_FAILURE() << "malformed message was accepted";
+  return ErrorCode::kInternal;
+}
+
+class MalformedTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    x_ = testing::GaussianTensor(6, 10, 3);
+    good_ = Encoder().Encode(x_.data(), 6, 10, BitsTable::Uniform(3), EncodeOptions{}).bytes;
+  }
+  std::vector<uint8_t> Modified(size_t offset, std::vector<uint8_t> value) {
+    std::vector<uint8_t> b = good_;
+    std::memcpy(b.data() + offset, value.data(), value.size());
+    Reseal(&b);
+    return b;
+  }
+  std::vector<float> x_;
+  std::vector<uint8_t> good_;
+};
+
+TEST_F(MalformedTest, EveryTruncationIsRefused) {
+  for (size_t n = 0; n < good_.size(); ++n) {
+    std::vector<uint8_t> cut(good_.begin(), good_.begin() + static_cast<long>(n));
+    EXPECT_EQ(DecodeError(cut), ErrorCode::kDataLoss) << "length " << n;
+  }
+}
+
+TEST_F(MalformedTest, EveryFlippedByteIsRefused) {
+  for (size_t i = 0; i < good_.size(); ++i) {
+    std::vector<uint8_t> b = good_;
+    b[i] ^= 0x5a;
+    EXPECT_EQ(DecodeError(b), ErrorCode::kDataLoss) << "byte " << i;
+  }
+}
+
+TEST_F(MalformedTest, FieldsAreValidatedBehindAValidChecksum) {
+  EXPECT_EQ(DecodeError(Modified(0, {'X'})), ErrorCode::kDataLoss);             // magic
+  EXPECT_EQ(DecodeError(Modified(4, {2})), ErrorCode::kDataLoss);               // version
+  EXPECT_EQ(DecodeError(Modified(5, {9})), ErrorCode::kDataLoss);               // scheme
+  EXPECT_EQ(DecodeError(Modified(6, {7})), ErrorCode::kDataLoss);               // granularity
+  EXPECT_EQ(DecodeError(Modified(9, {0x80})), ErrorCode::kDataLoss);            // unknown flag
+  EXPECT_EQ(DecodeError(Modified(16, {7})), ErrorCode::kDataLoss);              // rows disagree
+  EXPECT_EQ(DecodeError(Modified(24, {11})), ErrorCode::kDataLoss);             // cols disagree
+  EXPECT_EQ(DecodeError(Modified(48, {9})), ErrorCode::kDataLoss);              // bits 9
+  EXPECT_EQ(DecodeError(Modified(48, {0})), ErrorCode::kDataLoss);              // bits 0
+  EXPECT_EQ(DecodeError(Modified(40, {1})), ErrorCode::kDataLoss);              // payload size
+  EXPECT_EQ(DecodeError(Modified(16, {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x0f})),
+            ErrorCode::kResourceExhausted);                                   // huge shape
+  EXPECT_EQ(DecodeError(Modified(36, {0xff, 0xff, 0xff, 0x7f})), ErrorCode::kDataLoss);
+}
+
+TEST_F(MalformedTest, NonFiniteOrNonPositiveScalesAreRefused) {
+  const size_t steps_at = 48 + 1 + 2 * 10;  // header, one table entry, ten fp16 zeros
+  EXPECT_EQ(DecodeError(Modified(steps_at, {0x00, 0x7e})), ErrorCode::kDataLoss);  // NaN
+  EXPECT_EQ(DecodeError(Modified(steps_at, {0x00, 0x7c})), ErrorCode::kDataLoss);  // +inf
+  EXPECT_EQ(DecodeError(Modified(steps_at, {0x00, 0x00})), ErrorCode::kDataLoss);  // 0
+  EXPECT_EQ(DecodeError(Modified(steps_at, {0x00, 0xbc})), ErrorCode::kDataLoss);  // -1
+  EXPECT_EQ(DecodeError(Modified(48 + 1, {0x00, 0x7c})), ErrorCode::kDataLoss);    // zero = inf
+}
+
+TEST_F(MalformedTest, NonFiniteFloatPayloadIsRefused) {
+  EncodeOptions o;
+  o.scheme = Scheme::kFloat32;
+  std::vector<uint8_t> b = Encoder().Encode(x_.data(), 6, 10, BitsTable{}, o).bytes;
+  const float nan = std::nanf("");
+  std::memcpy(b.data() + 48 + 4 * 7, &nan, 4);
+  Reseal(&b);
+  EXPECT_EQ(DecodeError(b), ErrorCode::kInvalidArgument);
+}
+
+TEST_F(MalformedTest, DecompressionBombIsRefused) {
+  // A valid zstd frame that expands to far more than the shape allows.
+  std::vector<uint8_t> huge(1 << 20, 0);
+  std::vector<uint8_t> frame(ZSTD_compressBound(huge.size()));
+  frame.resize(ZSTD_compress(frame.data(), frame.size(), huge.data(), huge.size(), 1));
+  std::vector<uint8_t> b(good_.begin(), good_.begin() + 48 + 1 + 40);  // header, table, scales
+  b[9] |= 1;                                                           // zstd flag
+  const uint64_t size = frame.size();
+  std::memcpy(b.data() + 40, &size, 8);
+  b.insert(b.end(), frame.begin(), frame.end());
+  b.resize(b.size() + 4);
+  Reseal(&b);
+  EXPECT_EQ(DecodeError(b), ErrorCode::kDataLoss);
+}
+
+}  // namespace
+}  // namespace amaq::quant
