@@ -57,6 +57,20 @@ std::vector<float> ChannelMaxCodes(Scheme scheme, const BitsTable& bits, int64_t
   return max_codes;
 }
 
+std::vector<float> Reciprocals(const std::vector<float>& steps) {
+  std::vector<float> inv(steps.size());
+  for (size_t i = 0; i < steps.size(); ++i) inv[i] = 1.0f / steps[i];
+  return inv;
+}
+
+// Keeps `layout` equal to RowLayoutOf(bits, r, cols); only per-token tables change between rows.
+void UpdateRowLayout(const BitsTable& bits, int64_t r, int64_t cols, RowLayout* layout) {
+  if (bits.layout == BitsLayout::kPerToken && r > 0 &&
+      bits.bits[static_cast<size_t>(r)] != bits.bits[static_cast<size_t>(r - 1)]) {
+    *layout = RowLayoutOf(bits, r, cols);
+  }
+}
+
 void QuantizeAndPack(const float* x, int64_t rows, int64_t cols, const GridSpec& spec,
                      const BitsTable& bits, const ScaleGrid& grid, const EncodeOptions& options,
                      uint8_t* out, float* reconstruction) {
@@ -64,39 +78,38 @@ void QuantizeAndPack(const float* x, int64_t rows, int64_t cols, const GridSpec&
   const bool per_channel = spec.granularity == Granularity::kChannel;
   const std::vector<float> max_codes =
       per_channel ? ChannelMaxCodes(spec.scheme, bits, cols) : std::vector<float>();
+  const std::vector<float> inv_steps = Reciprocals(grid.steps);
   const bool stochastic = options.rounding == Rounding::kStochastic;
   uint64_t rng = options.seed;
   const float* zeros = grid.zeros.data();
   const float* steps = grid.steps.data();
+  RowLayout layout = RowLayoutOf(bits, 0, cols);
   BitWriter writer(out);
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * cols;
     float* recon_row = reconstruction ? reconstruction + r * cols : nullptr;
     if (per_channel) {
       if (stochastic) {
-        QuantizeRowPerChannelStochastic(xr, cols, zeros, steps, max_codes.data(), &rng, codes.data());
+        QuantizeRowPerChannelStochastic(xr, cols, zeros, inv_steps.data(), max_codes.data(), &rng,
+                                        codes.data());
       } else {
-        QuantizeRowPerChannel(xr, cols, zeros, steps, max_codes.data(), codes.data());
+        QuantizeRowPerChannel(xr, cols, zeros, inv_steps.data(), max_codes.data(), codes.data());
       }
       if (recon_row) DequantizeRowPerChannel(codes.data(), cols, zeros, steps, recon_row);
     } else {
       ForEachRun(spec, r, cols, [&](int64_t begin, int64_t n, int64_t g) {
         const auto max_code = static_cast<float>(MaxCode(spec.scheme, bits.BitsAt(r, begin)));
         if (stochastic) {
-          QuantizeRunStochastic(xr + begin, n, zeros[g], steps[g], max_code, &rng,
+          QuantizeRunStochastic(xr + begin, n, zeros[g], inv_steps[g], max_code, &rng,
                                 codes.data() + begin);
         } else {
-          QuantizeRun(xr + begin, n, zeros[g], steps[g], max_code, codes.data() + begin);
+          QuantizeRun(xr + begin, n, zeros[g], inv_steps[g], max_code, codes.data() + begin);
         }
         if (recon_row) DequantizeRun(codes.data() + begin, n, zeros[g], steps[g], recon_row + begin);
       });
     }
-    if (bits.layout == BitsLayout::kPerChannel) {
-      for (int64_t c = 0; c < cols; ++c) writer.Put(codes[c], bits.bits[static_cast<size_t>(c)]);
-    } else {
-      const int b = bits.BitsAt(r, 0);
-      for (int64_t c = 0; c < cols; ++c) writer.Put(codes[c], b);
-    }
+    UpdateRowLayout(bits, r, cols, &layout);
+    layout.Pack(codes.data(), writer);
   }
   writer.Finish();
 }
@@ -107,16 +120,11 @@ void UnpackAndDequantize(const uint8_t* packed, size_t size, int64_t rows, int64
   std::vector<uint8_t> codes(static_cast<size_t>(cols));
   const float* zeros = grid.zeros.data();
   const float* steps = grid.steps.data();
+  RowLayout layout = RowLayoutOf(bits, 0, cols);
   BitReader reader(packed, size);
   for (int64_t r = 0; r < rows; ++r) {
-    if (bits.layout == BitsLayout::kPerChannel) {
-      for (int64_t c = 0; c < cols; ++c) {
-        codes[c] = static_cast<uint8_t>(reader.Get(bits.bits[static_cast<size_t>(c)]));
-      }
-    } else {
-      const int b = bits.BitsAt(r, 0);
-      for (int64_t c = 0; c < cols; ++c) codes[c] = static_cast<uint8_t>(reader.Get(b));
-    }
+    UpdateRowLayout(bits, r, cols, &layout);
+    layout.Unpack(reader, codes.data());
     float* row = out + r * cols;
     if (spec.granularity == Granularity::kChannel) {
       DequantizeRowPerChannel(codes.data(), cols, zeros, steps, row);
@@ -261,6 +269,12 @@ Encoded Encoder::Encode(const float* x, int64_t rows, int64_t cols, const BitsTa
 }
 
 Decoded Decoder::Decode(const uint8_t* data, size_t size) {
+  Decoded d;
+  Decode(data, size, &d);
+  return d;
+}
+
+void Decoder::Decode(const uint8_t* data, size_t size, Decoded* out) {
   Require(size >= kHeaderSize + kChecksumSize, ErrorCode::kDataLoss,
           "tensor message has " + std::to_string(size) + " bytes, less than the " +
               std::to_string(kHeaderSize + kChecksumSize) +
@@ -277,7 +291,8 @@ Decoded Decoder::Decode(const uint8_t* data, size_t size) {
   Require(stored_crc == Crc32(data, size - kChecksumSize), ErrorCode::kDataLoss,
           "tensor message checksum mismatch: it was corrupted in transit; resend it");
 
-  Decoded d;
+  Decoded& d = *out;
+  d.bits = BitsTable{};
   const auto scheme_byte = r.Get<uint8_t>("scheme");
   const auto granularity_byte = r.Get<uint8_t>("granularity");
   const auto layout_byte = r.Get<uint8_t>("bits_layout");
@@ -419,7 +434,6 @@ Decoded Decoder::Decode(const uint8_t* data, size_t size) {
   }
   d.count.payload = wire_payload_size;
   d.count.metadata = size - wire_payload_size;
-  return d;
 }
 
 }  // namespace amaq::quant

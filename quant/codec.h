@@ -82,6 +82,8 @@ class Decoder {
  public:
   explicit Decoder(DecodeLimits limits = {}) : limits_(limits) {}
   Decoded Decode(const uint8_t* data, size_t size);
+  // Same, reusing out->values' memory: the form for a steady stream of same-sized messages.
+  void Decode(const uint8_t* data, size_t size, Decoded* out);
   void Reset() { last_table_.reset(); }
 
  private:

@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "quant/half.h"
+#include "quant/kernels.h"
 
 namespace amaq::quant {
 namespace {
@@ -13,7 +14,7 @@ namespace {
 constexpr int kLanes = 16;  // independent partial minima/maxima: lets the compiler vectorize
 
 // Min and max of n values; `bad` becomes NaN when any value is NaN or infinite (x - x != 0).
-void RangeOfRun(const float* x, int64_t n, float* lo, float* hi, float* bad) {
+AMAQ_VECTOR_CLONES void RangeOfRun(const float* x, int64_t n, float* lo, float* hi, float* bad) {
   float part_lo[kLanes], part_hi[kLanes], part_bad[kLanes] = {};
   for (int j = 0; j < kLanes; ++j) part_lo[j] = part_hi[j] = x[0];
   int64_t i = 0;
@@ -41,21 +42,32 @@ void RangeOfRun(const float* x, int64_t n, float* lo, float* hi, float* bad) {
   *bad += b;
 }
 
-// Per-column min and max over all rows.
-void RangeOfColumns(const float* x, int64_t rows, int64_t cols, float* lo, float* hi, float* bad) {
+// Per-column min and max over all rows. The non-finite check keeps kLanes partial sums, so that no
+// serial floating-point chain stops the loop from vectorizing.
+AMAQ_VECTOR_CLONES void RangeOfColumns(const float* x, int64_t rows, int64_t cols, float* lo,
+                                       float* hi, float* bad) {
   std::copy(x, x + cols, lo);
   std::copy(x, x + cols, hi);
-  float b = 0.0f;
+  float part_bad[kLanes] = {};
+  const int64_t blocked = cols / kLanes * kLanes;
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = x + r * cols;
-    for (int64_t c = 0; c < cols; ++c) {
+    for (int64_t c0 = 0; c0 < blocked; c0 += kLanes) {
+      for (int j = 0; j < kLanes; ++j) {
+        const float v = row[c0 + j];
+        lo[c0 + j] = v < lo[c0 + j] ? v : lo[c0 + j];
+        hi[c0 + j] = v > hi[c0 + j] ? v : hi[c0 + j];
+        part_bad[j] += v - v;
+      }
+    }
+    for (int64_t c = blocked; c < cols; ++c) {
       const float v = row[c];
       lo[c] = v < lo[c] ? v : lo[c];
       hi[c] = v > hi[c] ? v : hi[c];
-      b += v - v;
+      part_bad[0] += v - v;
     }
   }
-  *bad += b;
+  for (int j = 0; j < kLanes; ++j) *bad += part_bad[j];
 }
 
 [[noreturn]] void ThrowNonFinite(const float* x, int64_t rows, int64_t cols) {

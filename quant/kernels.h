@@ -3,9 +3,11 @@
 // the codec's hot loops, written so that the compiler vectorizes them; they give the same codes on
 // every machine (the library is built with -ffp-contract=off).
 //
-//   nearest:    code = round_half_even(clamp((x - zero) / step, 0, max_code))
-//   stochastic: code = min(floor(clamp((x - zero) / step, 0, max_code) + r), max_code), r ~ U[0, 1)
+//   nearest:    code = round_half_even(clamp((x - zero) * inv_step, 0, max_code))
+//   stochastic: code = min(floor(clamp((x - zero) * inv_step, 0, max_code) + r), max_code),
+//               r ~ U[0, 1)
 //   dequantize: x_hat = zero + code * step
+// with inv_step = 1.0f / step computed in fp32 by the caller.
 //
 // round_half_even is computed as (u + 2^23) - 2^23, which equals std::nearbyint and torch.round
 // for 0 <= u <= 255 without needing SSE4.1.
@@ -13,18 +15,27 @@
 
 #include <cstdint>
 
+// Hot loops are compiled twice on x86-64, for AVX2 and for the baseline, and the loader picks the
+// best one the CPU runs (GCC/Clang function multiversioning). Both give identical results: the
+// same IEEE operations, no FMA contraction.
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+#define AMAQ_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define AMAQ_VECTOR_CLONES
+#endif
+
 namespace amaq::quant {
 
-void QuantizeRun(const float* x, int64_t n, float zero, float step, float max_code,
+void QuantizeRun(const float* x, int64_t n, float zero, float inv_step, float max_code,
                  uint8_t* codes);
-void QuantizeRunStochastic(const float* x, int64_t n, float zero, float step, float max_code,
+void QuantizeRunStochastic(const float* x, int64_t n, float zero, float inv_step, float max_code,
                            uint64_t* rng_state, uint8_t* codes);
 void DequantizeRun(const uint8_t* codes, int64_t n, float zero, float step, float* out);
 
-void QuantizeRowPerChannel(const float* x, int64_t n, const float* zeros, const float* steps,
+void QuantizeRowPerChannel(const float* x, int64_t n, const float* zeros, const float* inv_steps,
                            const float* max_codes, uint8_t* codes);
 void QuantizeRowPerChannelStochastic(const float* x, int64_t n, const float* zeros,
-                                     const float* steps, const float* max_codes,
+                                     const float* inv_steps, const float* max_codes,
                                      uint64_t* rng_state, uint8_t* codes);
 void DequantizeRowPerChannel(const uint8_t* codes, int64_t n, const float* zeros,
                              const float* steps, float* out);
