@@ -1,0 +1,199 @@
+#include "quant/aqsgd.h"
+
+#include <zlib.h>
+
+#include <cstring>
+#include <string>
+#include <unordered_set>
+
+#include "common/error.h"
+#include "quant/byte_io.h"
+
+namespace amaq::quant {
+namespace {
+
+constexpr uint32_t kFrameMagic = 0x47535141;  // "AQSG"
+constexpr uint8_t kFrameVersion = 1;
+constexpr uint8_t kFull = 0, kDelta = 1;
+
+uint32_t Crc32(const uint8_t* data, size_t size) {
+  return static_cast<uint32_t>(crc32_z(crc32(0L, Z_NULL, 0), data, size));
+}
+
+void PutPart(ByteWriter& w, const Encoded& part) {
+  w.Put(static_cast<uint64_t>(part.bytes.size()));
+  w.PutBytes(part.bytes.data(), part.bytes.size());
+}
+
+}  // namespace
+
+AqsgdSender::AqsgdSender(AqsgdOptions options)
+    : options_(std::move(options)), cache_(options_.cache_memory_bytes, options_.spill_dir) {
+  Require(options_.bits >= 2 && options_.bits <= kMaxBits, ErrorCode::kInvalidArgument,
+          "AQ-SGD delta bits must be 2..8 (symmetric quantization), got " +
+              std::to_string(options_.bits));
+  Require(IsFloatScheme(options_.warmup_scheme), ErrorCode::kInvalidArgument,
+          "AQ-SGD's warm-up scheme must be fp32, bf16 or fp16");
+}
+
+Encoded AqsgdSender::Encode(const float* x, const std::vector<uint64_t>& ids,
+                            int64_t rows_per_sample, int64_t cols, float* reconstruction) {
+  Require(rows_per_sample > 0 && cols > 0, ErrorCode::kInvalidArgument,
+          "AQ-SGD needs rows_per_sample > 0 and cols > 0");
+  Require(std::unordered_set<uint64_t>(ids.begin(), ids.end()).size() == ids.size(),
+          ErrorCode::kInvalidArgument,
+          "AQ-SGD batch repeats a sample id: each sample may appear once per message");
+  const size_t sample_size = static_cast<size_t>(rows_per_sample * cols);
+  std::vector<uint8_t> flags(ids.size());
+  std::vector<float> full, delta;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const float* xs = x + i * sample_size;
+    const std::vector<float>* m = cache_.Find(ids[i]);
+    flags[i] = m ? kDelta : kFull;
+    if (m) {
+      for (size_t k = 0; k < sample_size; ++k) delta.push_back(xs[k] - (*m)[k]);
+    } else {
+      full.insert(full.end(), xs, xs + sample_size);
+    }
+  }
+  const auto rows_of = [&](const std::vector<float>& part) {
+    return static_cast<int64_t>(part.size()) / cols;
+  };
+  EncodeOptions full_options, delta_options;
+  full_options.scheme = options_.warmup_scheme;
+  full_options.zstd = delta_options.zstd = options_.zstd;
+  delta_options.scheme = Scheme::kSymmetric;
+  delta_options.granularity = Granularity::kChannel;
+  std::vector<float> full_hat(full.size()), delta_hat(delta.size());
+  const Encoded full_part = full_encoder_.Encode(full.data(), rows_of(full), cols, BitsTable{},
+                                                 full_options, full_hat.data());
+  const Encoded delta_part =
+      delta_encoder_.Encode(delta.data(), rows_of(delta), cols, BitsTable::Uniform(options_.bits),
+                            delta_options, delta_hat.data());
+
+  // Update m(id) exactly as the receiver will, and hand back what it will hold.
+  size_t full_at = 0, delta_at = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    std::vector<float> m;
+    if (flags[i] == kFull) {
+      m.assign(full_hat.begin() + full_at, full_hat.begin() + full_at + sample_size);
+      full_at += sample_size;
+    } else {
+      m = *cache_.Find(ids[i]);
+      for (size_t k = 0; k < sample_size; ++k) m[k] += delta_hat[delta_at + k];
+      delta_at += sample_size;
+    }
+    if (reconstruction) std::copy(m.begin(), m.end(), reconstruction + i * sample_size);
+    cache_.Insert(ids[i], std::move(m));
+  }
+
+  Encoded frame;
+  ByteWriter w(&frame.bytes);
+  w.Put(kFrameMagic);
+  w.Put(kFrameVersion);
+  w.Put(static_cast<uint32_t>(ids.size()));
+  w.Put(static_cast<uint64_t>(rows_per_sample));
+  w.Put(static_cast<uint64_t>(cols));
+  for (size_t i = 0; i < ids.size(); ++i) {
+    w.Put(ids[i]);
+    w.Put(flags[i]);
+  }
+  w.Put(Crc32(frame.bytes.data(), frame.bytes.size()));
+  const uint64_t frame_header = frame.bytes.size() + 16;  // + the two part lengths
+  PutPart(w, full_part);
+  PutPart(w, delta_part);
+  frame.count.payload = full_part.count.payload + delta_part.count.payload;
+  frame.count.metadata = frame_header + full_part.count.metadata + delta_part.count.metadata;
+  const double elements = static_cast<double>(ids.size() * sample_size);
+  frame.average_bits = elements == 0 ? 0
+      : (full_part.average_bits * static_cast<double>(full.size()) +
+         options_.bits * static_cast<double>(delta.size())) / elements;
+  return frame;
+}
+
+AqsgdReceiver::AqsgdReceiver(AqsgdOptions options, DecodeLimits limits)
+    : cache_(options.cache_memory_bytes, options.spill_dir),
+      full_decoder_(limits), delta_decoder_(limits), limits_(limits) {}
+
+AqsgdDecoded AqsgdReceiver::Decode(const uint8_t* data, size_t size) {
+  ByteReader r(data, size);
+  Require(r.Get<uint32_t>("magic") == kFrameMagic, ErrorCode::kDataLoss,
+          "AQ-SGD frame does not start with 'AQSG': it is not an AQ-SGD message");
+  const auto version = r.Get<uint8_t>("version");
+  Require(version == kFrameVersion, ErrorCode::kDataLoss,
+          "AQ-SGD frame version " + std::to_string(version) + " is not " +
+              std::to_string(kFrameVersion) + ": run the same amaq version on both sides");
+  AqsgdDecoded out;
+  const auto samples = r.Get<uint32_t>("samples");
+  const auto rows_per_sample = r.Get<uint64_t>("rows_per_sample");
+  const auto cols = r.Get<uint64_t>("cols");
+  Require(rows_per_sample > 0 && cols > 0 && rows_per_sample <= limits_.max_elements &&
+              cols <= limits_.max_elements / rows_per_sample &&
+              samples <= limits_.max_elements / (rows_per_sample * cols),
+          ErrorCode::kResourceExhausted,
+          "AQ-SGD frame shape exceeds the decoder's limit of " +
+              std::to_string(limits_.max_elements) + " elements");
+  Require(uint64_t{samples} * 9 <= r.remaining(), ErrorCode::kDataLoss,
+          "AQ-SGD frame ends inside its sample list: it was truncated; resend it");
+  std::vector<uint8_t> flags(samples);
+  out.ids.resize(samples);
+  for (uint32_t i = 0; i < samples; ++i) {
+    out.ids[i] = r.Get<uint64_t>("sample_id");
+    flags[i] = r.Get<uint8_t>("sample_flag");
+    Require(flags[i] == kFull || flags[i] == kDelta, ErrorCode::kDataLoss,
+            "AQ-SGD sample flag must be 0 (full) or 1 (delta)");
+  }
+  const size_t header_end = r.position();
+  Require(r.Get<uint32_t>("header_crc") == Crc32(data, header_end), ErrorCode::kDataLoss,
+          "AQ-SGD frame header checksum mismatch: it was corrupted in transit; resend it");
+  Require(std::unordered_set<uint64_t>(out.ids.begin(), out.ids.end()).size() == out.ids.size(),
+          ErrorCode::kDataLoss, "AQ-SGD frame repeats a sample id");
+
+  const auto full_size = r.Get<uint64_t>("full_part_size");
+  const uint8_t* full_bytes = r.Take(full_size, "full_part");
+  const auto delta_size = r.Get<uint64_t>("delta_part_size");
+  const uint8_t* delta_bytes = r.Take(delta_size, "delta_part");
+  Require(r.remaining() == 0, ErrorCode::kDataLoss, "AQ-SGD frame has trailing bytes");
+  const Decoded full = full_decoder_.Decode(full_bytes, full_size);
+  const Decoded delta = delta_decoder_.Decode(delta_bytes, delta_size);
+
+  out.rows_per_sample = static_cast<int64_t>(rows_per_sample);
+  out.cols = static_cast<int64_t>(cols);
+  const size_t sample_size = rows_per_sample * cols;
+  size_t full_samples = 0;
+  for (uint8_t f : flags) full_samples += f == kFull;
+  const size_t delta_samples = samples - full_samples;
+  Require(full.values.size() == full_samples * sample_size && IsFloatScheme(full.scheme) &&
+              delta.values.size() == delta_samples * sample_size &&
+              (full_samples == 0 || full.cols == out.cols) &&
+              (delta_samples == 0 || delta.cols == out.cols),
+          ErrorCode::kDataLoss,
+          "AQ-SGD frame parts do not match its sample list: the message is corrupted");
+  for (uint32_t i = 0; i < samples; ++i) {
+    Require(flags[i] == kFull || cache_.Contains(out.ids[i]), ErrorCode::kFailedPrecondition,
+            "AQ-SGD delta for sample " + std::to_string(out.ids[i]) +
+                " but this receiver holds no entry for it (it restarted): the sender must "
+                "forget the sample and send it in full");
+  }
+
+  out.values.resize(samples * sample_size);
+  size_t full_at = 0, delta_at = 0;
+  for (uint32_t i = 0; i < samples; ++i) {
+    std::vector<float> m;
+    if (flags[i] == kFull) {
+      m.assign(full.values.begin() + full_at, full.values.begin() + full_at + sample_size);
+      full_at += sample_size;
+    } else {
+      m = *cache_.Find(out.ids[i]);
+      for (size_t k = 0; k < sample_size; ++k) m[k] += delta.values[delta_at + k];
+      delta_at += sample_size;
+    }
+    std::copy(m.begin(), m.end(), out.values.begin() + static_cast<long>(i * sample_size));
+    cache_.Insert(out.ids[i], std::move(m));
+  }
+  out.count.payload = full.count.payload + delta.count.payload;
+  out.count.metadata = size - out.count.payload;
+  return out;
+}
+
+}  // namespace amaq::quant

@@ -1,0 +1,161 @@
+#include "quant/aqsgd.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <random>
+
+#include "common/error.h"
+#include "test_tensors.h"
+
+namespace amaq::quant {
+namespace {
+
+constexpr int64_t kSamples = 16, kRows = 8, kCols = 32;
+
+double Mse(const std::vector<float>& a, const std::vector<float>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += (a[i] - b[i]) * (a[i] - b[i]);
+  return s / static_cast<double>(a.size());
+}
+
+std::vector<uint64_t> Ids() {
+  std::vector<uint64_t> ids(kSamples);
+  for (int64_t i = 0; i < kSamples; ++i) ids[i] = 1000 + static_cast<uint64_t>(i) * 7;
+  return ids;
+}
+
+// Activations of the same samples drift slowly between epochs, as they do while fine-tuning.
+std::vector<float> Drift(const std::vector<float>& x, float amount, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> noise(0.0f, amount);
+  std::vector<float> y = x;
+  for (auto& v : y) v += noise(rng);
+  return y;
+}
+
+TEST(Aqsgd, SecondVisitSendsSmallerErrorThanPlainQuantization) {
+  AqsgdOptions options;
+  options.bits = 4;
+  AqsgdSender sender(options);
+  AqsgdReceiver receiver(options);
+  const auto ids = Ids();
+  const auto epoch1 = testing::GaussianTensor(kSamples * kRows, kCols, 1);
+  const auto epoch2 = Drift(epoch1, 0.05f, 2);
+
+  std::vector<float> sent1(epoch1.size()), sent2(epoch2.size());
+  const Encoded first = sender.Encode(epoch1.data(), ids, kRows, kCols, sent1.data());
+  const Encoded second = sender.Encode(epoch2.data(), ids, kRows, kCols, sent2.data());
+  EXPECT_EQ(receiver.Decode(first.bytes.data(), first.bytes.size()).values, sent1);
+  const AqsgdDecoded got = receiver.Decode(second.bytes.data(), second.bytes.size());
+  EXPECT_EQ(got.values, sent2) << "receiver and sender caches must stay bit-identical";
+  EXPECT_EQ(got.ids, ids);
+
+  // Plain per-channel symmetric quantization at the same 4 bits, for comparison.
+  EncodeOptions plain;
+  plain.scheme = Scheme::kSymmetric;
+  std::vector<float> plain_hat(epoch2.size());
+  Encoder().Encode(epoch2.data(), kSamples * kRows, kCols, BitsTable::Uniform(4), plain,
+                   plain_hat.data());
+  const double aqsgd_error = Mse(epoch2, sent2), plain_error = Mse(epoch2, plain_hat);
+  EXPECT_LT(aqsgd_error, plain_error / 10) << "aqsgd " << aqsgd_error << " plain " << plain_error;
+  // Warm-up in bf16 costs 16 bits per value; later visits 4.
+  EXPECT_DOUBLE_EQ(first.average_bits, 16.0);
+  EXPECT_DOUBLE_EQ(second.average_bits, 4.0);
+  EXPECT_LT(second.count.total(), first.count.total() / 3);
+}
+
+TEST(Aqsgd, MixedBatchOfNewAndSeenSamples) {
+  AqsgdOptions options;
+  AqsgdSender sender(options);
+  AqsgdReceiver receiver(options);
+  const auto x = testing::GaussianTensor(4 * kRows, kCols, 3);
+  std::vector<float> hat(x.size());
+  const Encoded a = sender.Encode(x.data(), {1, 2, 3, 4}, kRows, kCols, hat.data());
+  receiver.Decode(a.bytes.data(), a.bytes.size());
+  const auto y = Drift(x, 0.1f, 4);
+  const Encoded b = sender.Encode(y.data(), {3, 9, 1, 8}, kRows, kCols, hat.data());
+  const AqsgdDecoded got = receiver.Decode(b.bytes.data(), b.bytes.size());
+  EXPECT_EQ(got.values, hat);
+  EXPECT_EQ(sender.cache_stats().entries, 6u);
+  EXPECT_EQ(receiver.cache_stats().entries, 6u);
+  EXPECT_EQ(sender.cache_stats().memory_bytes, 6u * kRows * kCols * sizeof(float));
+}
+
+TEST(Aqsgd, CacheSpillsToDiskAndStaysExact) {
+  const std::string dir = ::testing::TempDir() + "/aqsgd-spill-" + std::to_string(getpid());
+  AqsgdOptions options;
+  options.cache_memory_bytes = 3 * kRows * kCols * sizeof(float);  // three samples in memory
+  options.spill_dir = dir + "/sender";
+  AqsgdSender sender(options);
+  options.spill_dir = dir + "/receiver";
+  AqsgdReceiver receiver(options);
+  const auto ids = Ids();
+  auto x = testing::GaussianTensor(kSamples * kRows, kCols, 5);
+  std::vector<float> hat(x.size());
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    const Encoded e = sender.Encode(x.data(), ids, kRows, kCols, hat.data());
+    ASSERT_EQ(receiver.Decode(e.bytes.data(), e.bytes.size()).values, hat) << "epoch " << epoch;
+    x = Drift(x, 0.05f, 10 + epoch);
+  }
+  const CacheStats stats = sender.cache_stats();
+  EXPECT_EQ(stats.entries, static_cast<uint64_t>(kSamples));
+  EXPECT_LE(stats.memory_bytes, options.cache_memory_bytes);
+  EXPECT_GT(stats.spills, 0u);
+  EXPECT_GT(stats.loads, 0u);
+  EXPECT_EQ(stats.memory_bytes + stats.disk_bytes, kSamples * kRows * kCols * sizeof(float));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Aqsgd, HardMemoryLimitWithoutSpillDirectory) {
+  AqsgdOptions options;
+  options.cache_memory_bytes = kRows * kCols * sizeof(float);  // one sample
+  AqsgdSender sender(options);
+  const auto x = testing::GaussianTensor(2 * kRows, kCols, 6);
+  try {
+    sender.Encode(x.data(), {1, 2}, kRows, kCols);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kResourceExhausted);
+  }
+}
+
+TEST(Aqsgd, RestartedReceiverRefusesDeltasWithoutChangingState) {
+  AqsgdOptions options;
+  AqsgdSender sender(options);
+  const auto x = testing::GaussianTensor(2 * kRows, kCols, 7);
+  sender.Encode(x.data(), {1, 2}, kRows, kCols);
+  const Encoded delta = sender.Encode(x.data(), {1, 2}, kRows, kCols);
+  AqsgdReceiver restarted(options);
+  try {
+    restarted.Decode(delta.bytes.data(), delta.bytes.size());
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kFailedPrecondition);
+  }
+  EXPECT_EQ(restarted.cache_stats().entries, 0u);
+}
+
+TEST(Aqsgd, MalformedFramesAreRefused) {
+  AqsgdOptions options;
+  AqsgdSender sender(options);
+  const auto x = testing::GaussianTensor(2 * kRows, kCols, 8);
+  const Encoded e = sender.Encode(x.data(), {1, 2}, kRows, kCols);
+  for (size_t n = 0; n < e.bytes.size(); n += 7) {
+    AqsgdReceiver receiver(options);
+    EXPECT_THROW(receiver.Decode(e.bytes.data(), n), Error) << "length " << n;
+    EXPECT_EQ(receiver.cache_stats().entries, 0u);
+  }
+  for (size_t i = 0; i < e.bytes.size(); i += 5) {
+    std::vector<uint8_t> b = e.bytes;
+    b[i] ^= 0x21;
+    AqsgdReceiver receiver(options);
+    EXPECT_THROW(receiver.Decode(b.data(), b.size()), Error) << "byte " << i;
+  }
+  EXPECT_THROW(sender.Encode(x.data(), {5, 5}, kRows, kCols), Error);  // repeated id
+}
+
+}  // namespace
+}  // namespace amaq::quant
