@@ -1,13 +1,12 @@
 #include "quant/aqsgd.h"
 
-#include <zlib.h>
-
 #include <cstring>
 #include <string>
 #include <unordered_set>
 
 #include "common/error.h"
 #include "quant/byte_io.h"
+#include "quant/checksum.h"
 
 namespace amaq::quant {
 namespace {
@@ -15,10 +14,6 @@ namespace {
 constexpr uint32_t kFrameMagic = 0x47535141;  // "AQSG"
 constexpr uint8_t kFrameVersion = 1;
 constexpr uint8_t kFull = 0, kDelta = 1;
-
-uint32_t Crc32(const uint8_t* data, size_t size) {
-  return static_cast<uint32_t>(crc32_z(crc32(0L, Z_NULL, 0), data, size));
-}
 
 void PutPart(ByteWriter& w, const Encoded& part) {
   w.Put(static_cast<uint64_t>(part.bytes.size()));
@@ -98,7 +93,7 @@ Encoded AqsgdSender::Encode(const float* x, const std::vector<uint64_t>& ids,
     w.Put(ids[i]);
     w.Put(flags[i]);
   }
-  w.Put(Crc32(frame.bytes.data(), frame.bytes.size()));
+  w.Put(WireChecksum(frame.bytes.data(), frame.bytes.size()));
   const uint64_t frame_header = frame.bytes.size() + 16;  // + the two part lengths
   PutPart(w, full_part);
   PutPart(w, delta_part);
@@ -144,9 +139,9 @@ AqsgdDecoded AqsgdReceiver::Decode(const uint8_t* data, size_t size) {
             "AQ-SGD sample flag must be 0 (full) or 1 (delta)");
   }
   const size_t header_end = r.position();
-  const auto header_crc = r.Get<uint32_t>("header_crc");
-#ifndef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION  // tests/fuzz: reach the checks behind the CRC
-  Require(header_crc == Crc32(data, header_end), ErrorCode::kDataLoss,
+  const auto header_checksum = r.Get<uint64_t>("header_checksum");
+#ifndef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION  // tests/fuzz: reach the checks behind it
+  Require(header_checksum == WireChecksum(data, header_end), ErrorCode::kDataLoss,
           "AQ-SGD frame header checksum mismatch: it was corrupted in transit; resend it");
 #endif
   Require(std::unordered_set<uint64_t>(out.ids.begin(), out.ids.end()).size() == out.ids.size(),

@@ -11,18 +11,17 @@ RowLayout::RowLayout(const uint8_t* widths, int uniform, int64_t cols)
   for (int64_t c = 0; c < cols; ++c) {
     widths_[static_cast<size_t>(c)] = widths ? widths[c] : static_cast<uint8_t>(uniform);
   }
-  groups_.resize(static_cast<size_t>(cols / 4));
+  groups_.resize(static_cast<size_t>(cols / kGroup));
   for (size_t k = 0; k < groups_.size(); ++k) {
-    const uint8_t* w = widths_.data() + 4 * k;
+    const uint8_t* w = widths_.data() + kGroup * k;
     Group& g = groups_[k];
-    g.shift1 = w[0];
-    g.shift2 = static_cast<uint8_t>(w[0] + w[1]);
-    g.shift3 = static_cast<uint8_t>(w[0] + w[1] + w[2]);
-    g.width = static_cast<uint8_t>(w[0] + w[1] + w[2] + w[3]);
-    g.mask0 = (1u << w[0]) - 1u;
-    g.mask1 = (1u << w[1]) - 1u;
-    g.mask2 = (1u << w[2]) - 1u;
-    g.mask3 = (1u << w[3]) - 1u;
+    int offset = 0;
+    for (int j = 0; j < kGroup; ++j) {
+      g.shift[j] = static_cast<uint8_t>(offset);
+      g.mask[j] = static_cast<uint8_t>((1u << w[j]) - 1u);
+      offset += w[j];
+    }
+    g.width = static_cast<uint8_t>(offset);
   }
 }
 

@@ -1,6 +1,5 @@
 #include "quant/codec.h"
 
-#include <zlib.h>
 #include <zstd.h>
 
 #include <cmath>
@@ -10,6 +9,7 @@
 #include "common/error.h"
 #include "quant/bitpack.h"
 #include "quant/byte_io.h"
+#include "quant/checksum.h"
 #include "quant/grid.h"
 #include "quant/half.h"
 #include "quant/kernels.h"
@@ -22,11 +22,7 @@ constexpr uint8_t kVersion = 1;
 constexpr uint8_t kFlagZstd = 1;
 constexpr uint8_t kFlagTableIncluded = 2;
 constexpr size_t kHeaderSize = 48;
-constexpr size_t kChecksumSize = 4;
-
-uint32_t Crc32(const uint8_t* data, size_t size) {
-  return static_cast<uint32_t>(crc32_z(crc32(0L, Z_NULL, 0), data, size));
-}
+constexpr size_t kChecksumSize = 8;
 
 size_t FloatSchemeWidth(Scheme s) { return s == Scheme::kFloat32 ? 4 : 2; }
 
@@ -179,16 +175,23 @@ std::string ShapeText(int64_t rows, int64_t cols) {
 
 }  // namespace
 
-uint32_t BitsTableCrc(const BitsTable& bits) {
+uint32_t BitsTableId(const BitsTable& bits) {
   std::vector<uint8_t> bytes;
   bytes.reserve(bits.bits.size() + 1);
   bytes.push_back(static_cast<uint8_t>(bits.layout));
   bytes.insert(bytes.end(), bits.bits.begin(), bits.bits.end());
-  return Crc32(bytes.data(), bytes.size());
+  return static_cast<uint32_t>(WireChecksum(bytes.data(), bytes.size()));
 }
 
 Encoded Encoder::Encode(const float* x, int64_t rows, int64_t cols, const BitsTable& bits,
                         const EncodeOptions& options, float* reconstruction) {
+  Encoded result;
+  Encode(x, rows, cols, bits, options, &result, reconstruction);
+  return result;
+}
+
+void Encoder::Encode(const float* x, int64_t rows, int64_t cols, const BitsTable& bits,
+                     const EncodeOptions& options, Encoded* result, float* reconstruction) {
   Require(rows >= 0 && cols >= 0, ErrorCode::kInvalidArgument,
           "tensor shape " + ShapeText(rows, cols) + " has a negative dimension");
   Require(rows == 0 || cols <= std::numeric_limits<int64_t>::max() / 8 / rows,
@@ -201,42 +204,22 @@ Encoded Encoder::Encode(const float* x, int64_t rows, int64_t cols, const BitsTa
   const GridSpec spec{options.scheme, options.granularity, options.group_size};
 
   ScaleGrid grid;
-  std::vector<uint8_t> payload;
+  uint64_t raw_payload_size = 0;
+  uint32_t table_id = 0;
+  bool include_table = false;
   if (is_float) {
     RequireFinite(x, rows, cols);
-    payload.resize(elements * FloatSchemeWidth(options.scheme));
-    WriteFloats(x, elements, options.scheme, payload.data(), reconstruction);
+    raw_payload_size = elements * FloatSchemeWidth(options.scheme);
   } else {
     grid = ComputeGrid(x, rows, cols, spec, bits, options.scale_format);
-    payload.resize(bits.PackedBytes(rows, cols));
-    QuantizeAndPack(x, rows, cols, spec, bits, grid, options, payload.data(), reconstruction);
+    raw_payload_size = bits.PackedBytes(rows, cols);
+    table_id = BitsTableId(bits);
+    include_table = !(last_table_id_ && *last_table_id_ == table_id);
   }
 
-  uint8_t flags = 0;
-  if (options.zstd && !payload.empty()) {
-    std::vector<uint8_t> compressed(ZSTD_compressBound(payload.size()));
-    const size_t n = ZSTD_compress(compressed.data(), compressed.size(), payload.data(),
-                                   payload.size(), options.zstd_level);
-    Require(!ZSTD_isError(n), ErrorCode::kInternal,
-            std::string("zstd compression failed: ") + ZSTD_getErrorName(n));
-    if (n < payload.size()) {
-      compressed.resize(n);
-      payload.swap(compressed);
-      flags |= kFlagZstd;
-    }
-  }
-
-  uint32_t table_crc = 0;
-  bool include_table = false;
-  if (!is_float) {
-    table_crc = BitsTableCrc(bits);
-    include_table = !(last_table_crc_ && *last_table_crc_ == table_crc);
-    if (include_table) flags |= kFlagTableIncluded;
-  }
-
-  Encoded result;
-  std::vector<uint8_t>& out = result.bytes;
-  out.reserve(kHeaderSize + bits.bits.size() + 8 * grid.steps.size() + payload.size() + 4);
+  // Header, table and scales first; the payload is then written in place behind them.
+  std::vector<uint8_t>& out = result->bytes;
+  out.clear();
   ByteWriter w(&out);
   w.Put(kMagic);
   w.Put(kVersion);
@@ -244,28 +227,50 @@ Encoded Encoder::Encode(const float* x, int64_t rows, int64_t cols, const BitsTa
   w.Put(static_cast<uint8_t>(is_float ? Granularity::kTensor : options.granularity));
   w.Put(static_cast<uint8_t>(is_float ? BitsLayout::kUniform : bits.layout));
   w.Put(static_cast<uint8_t>(grid.format));
-  w.Put(flags);
+  w.Put(static_cast<uint8_t>(include_table ? kFlagTableIncluded : 0));  // patched for zstd below
   w.Put(uint16_t{0});
   w.Put(static_cast<uint32_t>(options.granularity == Granularity::kGroup ? options.group_size : 0));
   w.Put(static_cast<uint64_t>(rows));
   w.Put(static_cast<uint64_t>(cols));
-  w.Put(table_crc);
+  w.Put(table_id);
   w.Put(static_cast<uint32_t>(include_table ? bits.bits.size() : 0));
-  w.Put(static_cast<uint64_t>(payload.size()));
+  w.Put(raw_payload_size);  // patched for zstd below
   if (include_table) w.PutBytes(bits.bits.data(), bits.bits.size());
   if (options.scheme == Scheme::kAffine) {
     for (float z : grid.zeros) PutScale(w, grid.format, z);
   }
   for (float s : grid.steps) PutScale(w, grid.format, s);
-  w.PutBytes(payload.data(), payload.size());
-  w.Put(Crc32(out.data(), out.size()));
+  const size_t payload_at = out.size();
+  out.resize(payload_at + raw_payload_size + kChecksumSize);
+  uint8_t* payload = out.data() + payload_at;
+  if (is_float) {
+    WriteFloats(x, elements, options.scheme, payload, reconstruction);
+  } else {
+    QuantizeAndPack(x, rows, cols, spec, bits, grid, options, payload, reconstruction);
+  }
 
-  if (!is_float) last_table_crc_ = table_crc;
-  result.count.payload = payload.size();
-  result.count.metadata = out.size() - payload.size();
-  result.average_bits = is_float ? 8.0 * static_cast<double>(FloatSchemeWidth(options.scheme))
-                                 : bits.AverageBits(rows, cols);
-  return result;
+  uint64_t payload_size = raw_payload_size;
+  if (options.zstd && raw_payload_size > 0) {
+    std::vector<uint8_t> compressed(ZSTD_compressBound(raw_payload_size));
+    const size_t n = ZSTD_compress(compressed.data(), compressed.size(), payload,
+                                   raw_payload_size, options.zstd_level);
+    Require(!ZSTD_isError(n), ErrorCode::kInternal,
+            std::string("zstd compression failed: ") + ZSTD_getErrorName(n));
+    if (n < raw_payload_size) {
+      std::memcpy(payload, compressed.data(), n);
+      payload_size = n;
+      out[9] |= kFlagZstd;
+      std::memcpy(out.data() + 40, &payload_size, 8);
+    }
+  }
+  out.resize(payload_at + payload_size);
+  w.Put(WireChecksum(out.data(), out.size()));
+
+  if (!is_float) last_table_id_ = table_id;
+  result->count.payload = payload_size;
+  result->count.metadata = out.size() - payload_size;
+  result->average_bits = is_float ? 8.0 * static_cast<double>(FloatSchemeWidth(options.scheme))
+                                  : bits.AverageBits(rows, cols);
 }
 
 Decoded Decoder::Decode(const uint8_t* data, size_t size) {
@@ -286,10 +291,10 @@ void Decoder::Decode(const uint8_t* data, size_t size, Decoded* out) {
   Require(version == kVersion, ErrorCode::kDataLoss,
           "tensor message has format version " + std::to_string(version) + ", this build reads " +
               std::to_string(kVersion) + ": run the same amaq version on both sides");
-#ifndef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION  // tests/fuzz: reach the checks behind the CRC
-  uint32_t stored_crc;
-  std::memcpy(&stored_crc, data + size - kChecksumSize, kChecksumSize);
-  Require(stored_crc == Crc32(data, size - kChecksumSize), ErrorCode::kDataLoss,
+#ifndef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION  // tests/fuzz: reach the checks behind it
+  uint64_t stored_checksum;
+  std::memcpy(&stored_checksum, data + size - kChecksumSize, kChecksumSize);
+  Require(stored_checksum == WireChecksum(data, size - kChecksumSize), ErrorCode::kDataLoss,
           "tensor message checksum mismatch: it was corrupted in transit; resend it");
 #endif
 
@@ -304,7 +309,7 @@ void Decoder::Decode(const uint8_t* data, size_t size, Decoded* out) {
   const auto group_size = r.Get<uint32_t>("group_size");
   const auto rows = r.Get<uint64_t>("rows");
   const auto cols = r.Get<uint64_t>("cols");
-  const auto table_crc = r.Get<uint32_t>("bits_table_crc");
+  const auto table_id = r.Get<uint32_t>("bits_table_id");
   const auto table_entries = r.Get<uint32_t>("bits_table_entries");
   auto payload_size = r.Get<uint64_t>("payload_size");
 
@@ -355,13 +360,13 @@ void Decoder::Decode(const uint8_t* data, size_t size, Decoded* out) {
       const uint8_t* entries = r.Take(table_entries, "bits_table");
       d.bits = BitsTable{layout, std::vector<uint8_t>(entries, entries + table_entries)};
 #ifndef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
-      Require(BitsTableCrc(d.bits) == table_crc, ErrorCode::kDataLoss,
-              "bits table does not match its checksum: the message is corrupted; resend it");
+      Require(BitsTableId(d.bits) == table_id, ErrorCode::kDataLoss,
+              "bits table does not match its id: the message is corrupted; resend it");
 #endif
     } else {
       Require(table_entries == 0, ErrorCode::kDataLoss,
               "tensor message counts bits-table entries but says it carries none");
-      Require(last_table_ && last_table_->first == table_crc, ErrorCode::kFailedPrecondition,
+      Require(last_table_ && last_table_->first == table_id, ErrorCode::kFailedPrecondition,
               "tensor message refers to a bits table this decoder does not hold (the stream "
               "restarted or a message was lost): the sender must reset its encoder and resend");
       d.bits = last_table_->second;
@@ -434,7 +439,7 @@ void Decoder::Decode(const uint8_t* data, size_t size, Decoded* out) {
   } else {
     UnpackAndDequantize(payload, payload_size, d.rows, d.cols, spec, d.bits, grid,
                         d.values.data());
-    last_table_ = std::make_pair(table_crc, d.bits);
+    last_table_ = std::make_pair(table_id, d.bits);
   }
   d.count.payload = wire_payload_size;
   d.count.metadata = size - wire_payload_size;

@@ -2,10 +2,10 @@
 //
 // A message holds a fixed header (version, scheme, granularity, shape, ...), the bits table (or a
 // reference to the table of the previous message of the same stream), the scales, the payload
-// (packed codes or raw 16/32-bit floats, optionally zstd-compressed) and a CRC-32 of all of it.
+// (packed codes or raw 16/32-bit floats, optionally zstd-compressed) and a checksum of all of it.
 //
 // Encoder and Decoder are one stream each: an Encoder omits a bits table identical to the one it
-// sent last, and the Decoder resolves the reference by the table's CRC. A Decoder that does not
+// sent last, and the Decoder resolves the reference by the table's id (a hash of its entries). A Decoder that does not
 // hold that table (it was restarted, or a message was lost) throws kFailedPrecondition; the sender
 // then calls Encoder::Reset() and sends again. Decode validates every field and length, never
 // reads out of bounds, and throws amaq::Error for anything malformed.
@@ -71,11 +71,14 @@ class Encoder {
   // Throws amaq::Error (kInvalidArgument) on NaN/inf input or an invalid option combination.
   Encoded Encode(const float* x, int64_t rows, int64_t cols, const BitsTable& bits,
                  const EncodeOptions& options, float* reconstruction = nullptr);
+  // Same, reusing out->bytes' memory: the form for a steady stream of same-sized messages.
+  void Encode(const float* x, int64_t rows, int64_t cols, const BitsTable& bits,
+              const EncodeOptions& options, Encoded* out, float* reconstruction = nullptr);
   // Forgets the last bits table: the next message carries its table in full.
-  void Reset() { last_table_crc_.reset(); }
+  void Reset() { last_table_id_.reset(); }
 
  private:
-  std::optional<uint32_t> last_table_crc_;
+  std::optional<uint32_t> last_table_id_;
 };
 
 class Decoder {
@@ -88,10 +91,10 @@ class Decoder {
 
  private:
   DecodeLimits limits_;
-  std::optional<std::pair<uint32_t, BitsTable>> last_table_;  // (crc, table) of the last message
+  std::optional<std::pair<uint32_t, BitsTable>> last_table_;  // (id, table) of the last message
 };
 
-// CRC-32 (zlib's polynomial) of a bits table as it is identified on the wire.
-uint32_t BitsTableCrc(const BitsTable& bits);
+// The id of a bits table on the wire: the low 32 bits of WireChecksum(layout byte, entries).
+uint32_t BitsTableId(const BitsTable& bits);
 
 }  // namespace amaq::quant

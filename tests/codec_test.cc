@@ -1,7 +1,6 @@
 #include "quant/codec.h"
 
 #include <gtest/gtest.h>
-#include <zlib.h>
 #include <zstd.h>
 
 #include <cmath>
@@ -9,6 +8,7 @@
 #include <functional>
 
 #include "common/error.h"
+#include "quant/checksum.h"
 #include "quant/grid.h"
 #include "test_tensors.h"
 
@@ -182,8 +182,8 @@ TEST(Codec, MetadataAccounting) {
   const int64_t rows = 256, cols = 512;
   const auto x = testing::GaussianTensor(rows, cols, 4);
   const Encoded e = Encoder().Encode(x.data(), rows, cols, BitsTable::Uniform(3), EncodeOptions{});
-  // header 48 + one table entry + (zero, step) fp16 per channel + CRC 4
-  EXPECT_EQ(e.count.metadata, 48u + 1u + 4u * cols + 4u);
+  // header 48 + one table entry + (zero, step) fp16 per channel + checksum 8
+  EXPECT_EQ(e.count.metadata, 48u + 1u + 4u * cols + 8u);
   EXPECT_EQ(e.count.payload, static_cast<uint64_t>(rows * cols * 3 / 8));
 }
 
@@ -253,10 +253,10 @@ TEST(Codec, NonFiniteInputIsRefused) {
 
 // ---- malformed input: every case is an amaq::Error, never a crash ----
 
-// Recomputes the trailing CRC so that a deliberately broken field reaches its own check.
+// Recomputes the trailing checksum so that a deliberately broken field reaches its own check.
 void Reseal(std::vector<uint8_t>* bytes) {
-  const uint32_t crc = static_cast<uint32_t>(crc32_z(0, bytes->data(), bytes->size() - 4));
-  std::memcpy(bytes->data() + bytes->size() - 4, &crc, 4);
+  const uint64_t sum = WireChecksum(bytes->data(), bytes->size() - 8);
+  std::memcpy(bytes->data() + bytes->size() - 8, &sum, 8);
 }
 
 ErrorCode DecodeError(const std::vector<uint8_t>& bytes) {
@@ -346,7 +346,7 @@ TEST_F(MalformedTest, DecompressionBombIsRefused) {
   const uint64_t size = frame.size();
   std::memcpy(b.data() + 40, &size, 8);
   b.insert(b.end(), frame.begin(), frame.end());
-  b.resize(b.size() + 4);
+  b.resize(b.size() + 8);
   Reseal(&b);
   EXPECT_EQ(DecodeError(b), ErrorCode::kDataLoss);
 }
