@@ -1,0 +1,22 @@
+// Writing files so that a crash never leaves a half-written one: the bytes go to a temporary file
+// in the same directory, which is flushed to disk (fsync) and then renamed over the target; the
+// directory is fsynced too. Either the old file or the complete new one survives. Errors (disk
+// full, no permission) throw amaq::Error and leave the old file untouched.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace amaq {
+
+// Writes the concatenation of `parts` (pointer, size) to `path` atomically.
+void WriteFileAtomically(const std::string& path,
+                         const std::vector<std::pair<const void*, size_t>>& parts);
+
+inline void WriteFileAtomically(const std::string& path, const std::string& text) {
+  WriteFileAtomically(path, {{text.data(), text.size()}});
+}
+
+}  // namespace amaq

@@ -1,0 +1,41 @@
+// LoRA (Hu et al. 2021) on a linear projection, with PEFT's conventions so that adapters load in
+// the Python ecosystem: y = x W^T + b + dropout(x) A^T B^T * (alpha / r), A [r, in] initialised
+// as PEFT does (Kaiming-uniform, a = sqrt(5)), B [out, r] zero, so a fresh adapter changes
+// nothing. Adding an adapter freezes the base weight and bias; Merge folds B A * scaling into W.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+namespace amaq {
+
+struct LoraConfig {
+  int64_t rank = 8;
+  double alpha = 16.0;
+  double dropout = 0.0;
+  // PEFT target_modules names: any of q_proj k_proj v_proj o_proj gate_proj up_proj down_proj.
+  std::vector<std::string> target_modules = {"q_proj", "k_proj", "v_proj", "o_proj"};
+
+  bool Targets(const std::string& module) const;
+  void Validate() const;  // throws amaq::Error naming the bad field
+};
+
+class LoraLinearImpl : public torch::nn::Module {
+ public:
+  LoraLinearImpl(int64_t in_features, int64_t out_features, bool bias);
+
+  torch::Tensor forward(const torch::Tensor& x);
+  void AddAdapter(const LoraConfig& config);
+  void Merge();  // W += (B A) * scaling, then drops the adapter
+  bool has_adapter() const { return !lora_A.is_empty(); }
+
+  torch::Tensor weight, bias;                       // base; bias undefined when absent
+  torch::nn::Linear lora_A{nullptr}, lora_B{nullptr};
+  torch::nn::Dropout dropout{nullptr};
+  double scaling = 0;
+};
+TORCH_MODULE(LoraLinear);
+
+}  // namespace amaq

@@ -1,0 +1,189 @@
+#include "common/model.h"
+
+#include <gtest/gtest.h>
+
+#include "common/checkpoint.h"
+#include "common/error.h"
+#include "model_test_util.h"
+
+namespace amaq {
+namespace {
+
+using testing::TinyConfig;
+
+// Random token ids and a mask whose second row is right-padded.
+std::pair<torch::Tensor, torch::Tensor> Batch(const ModelConfig& c, int64_t b = 2, int64_t t = 7) {
+  const torch::Tensor ids = torch::randint(c.vocab_size, {b, t}, torch::kLong);
+  torch::Tensor mask = torch::ones({b, t}, torch::kLong);
+  mask[1].slice(0, t - 3).fill_(0);
+  return {ids, mask};
+}
+
+void RandomizeLora(ModelPart& part) {
+  torch::NoGradGuard no_grad;
+  for (auto& [name, t] : part->LoraParameters()) t.normal_(0, 0.1);
+}
+
+struct SplitModels {
+  ModelPart whole{nullptr}, client{nullptr}, server{nullptr};
+};
+
+// A whole model and its client/server halves with identical base and LoRA weights, through a
+// checkpoint directory in the Hugging Face layout.
+SplitModels MakeSplit(const ModelConfig& c, int64_t cut, const std::string& dir) {
+  SplitModels m;
+  m.whole = ModelPart(c, PartSpec::Whole(c));
+  SaveModel(m.whole, dir);
+  m.client = ModelPart(c, PartSpec::Client(cut));
+  m.server = ModelPart(c, PartSpec::Server(c, cut));
+  LoadPartWeights(m.client, dir);
+  LoadPartWeights(m.server, dir);
+  LoraConfig lora;
+  lora.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  for (ModelPart* p : {&m.whole, &m.client, &m.server}) (*p)->AddLora(lora);
+  RandomizeLora(m.whole);
+  // Copy the whole model's LoRA weights into the halves by name.
+  std::map<std::string, torch::Tensor> by_name;
+  for (auto& [name, t] : m.whole->LoraParameters()) by_name[name] = t;
+  torch::NoGradGuard no_grad;
+  for (ModelPart* p : {&m.client, &m.server}) {
+    for (auto& [name, t] : (*p)->LoraParameters()) t.copy_(by_name.at(name));
+  }
+  return m;
+}
+
+TEST(Model, SplitEqualsWholeForwardAndBackward) {
+  torch::manual_seed(0);
+  const ModelConfig c = TinyConfig();
+  const std::string dir = testing::TempDir("split");
+  for (int64_t cut : {0, 1, 2, 4}) {
+    SplitModels m = MakeSplit(c, cut, dir);
+    auto [ids, mask] = Batch(c);
+    torch::Tensor labels = ids.masked_fill(mask == 0, -100);
+
+    const torch::Tensor whole_logits = m.whole(ids, mask);
+    NextTokenLoss(whole_logits, labels).backward();
+
+    // The split-learning step: the client's output crosses the cut, the server's gradient comes back.
+    const torch::Tensor cut_activation = m.client(ids, mask);
+    const torch::Tensor received = cut_activation.detach().requires_grad_(true);
+    const torch::Tensor split_logits = m.server(received, mask);
+    NextTokenLoss(split_logits, labels).backward();
+    if (cut_activation.requires_grad()) cut_activation.backward(received.grad());  // cut 0: nothing to train
+
+    EXPECT_TRUE(torch::allclose(whole_logits, split_logits, 1e-6, 1e-6)) << "cut " << cut;
+    std::map<std::string, torch::Tensor> grads;
+    for (auto& [name, t] : m.whole->LoraParameters()) grads[name] = t.grad();
+    int compared = 0;
+    for (ModelPart* p : {&m.client, &m.server}) {
+      for (auto& [name, t] : (*p)->LoraParameters()) {
+        ASSERT_TRUE(t.grad().defined()) << name;
+        EXPECT_TRUE(torch::allclose(t.grad(), grads.at(name), 1e-5, 1e-6)) << name << " cut " << cut;
+        ++compared;
+      }
+    }
+    EXPECT_EQ(compared, static_cast<int>(grads.size()));
+  }
+}
+
+TEST(Model, UShapedSplitKeepsTheHeadOnTheClient) {
+  torch::manual_seed(1);
+  const ModelConfig c = TinyConfig();
+  const std::string dir = testing::TempDir("ushape");
+  ModelPart whole(c, PartSpec::Whole(c));
+  SaveModel(whole, dir);
+  ModelPart client(c, PartSpec::Client(1)), middle(c, PartSpec::ServerMiddle(c, 1)), head(c, PartSpec::ClientHead(c));
+  for (ModelPart* p : {&client, &middle, &head}) LoadPartWeights(*p, dir);
+  EXPECT_TRUE(head->layers.empty());
+  auto [ids, mask] = Batch(c);
+  const torch::Tensor expected = whole(ids, mask);
+  EXPECT_TRUE(torch::allclose(head(middle(client(ids, mask), mask), mask), expected, 1e-6, 1e-6));
+}
+
+TEST(Model, PartsHoldOnlyTheirLayers) {
+  const ModelConfig c = TinyConfig();
+  ModelPart client(c, PartSpec::Client(1));
+  ModelPart server(c, PartSpec::Server(c, 1));
+  EXPECT_EQ(client->layers.size(), 1u);
+  EXPECT_EQ(server->layers.size(), 3u);
+  for (auto& [name, t] : client->HfParameters()) {
+    EXPECT_TRUE(name.rfind("model.layers.0.", 0) == 0 || name == "model.embed_tokens.weight") << name;
+  }
+  EXPECT_THROW(ModelPart(c, PartSpec::Client(5)), Error);
+}
+
+TEST(Model, LeftAndRightPaddingMatchUnpadded) {
+  torch::manual_seed(2);
+  const ModelConfig c = TinyConfig();
+  ModelPart model(c, PartSpec::Whole(c));
+  const torch::Tensor ids = torch::randint(c.vocab_size, {1, 5}, torch::kLong);
+  const torch::Tensor alone = model(ids, torch::ones({1, 5}, torch::kLong));
+  const torch::Tensor pad = torch::zeros({1, 3}, torch::kLong);
+  const torch::Tensor right = model(torch::cat({ids, pad}, 1), torch::cat({torch::ones({1, 5}, torch::kLong), pad}, 1));
+  const torch::Tensor left = model(torch::cat({pad, ids}, 1), torch::cat({pad, torch::ones({1, 5}, torch::kLong)}, 1));
+  EXPECT_TRUE(torch::allclose(right.slice(1, 0, 5), alone, 1e-5, 1e-5));
+  EXPECT_TRUE(torch::allclose(left.slice(1, 3), alone, 1e-5, 1e-5));
+  EXPECT_FALSE(torch::isnan(left).any().item<bool>());
+}
+
+TEST(Model, Bf16RunsCloseToFp32) {
+  torch::manual_seed(3);
+  const ModelConfig c = TinyConfig();
+  ModelPart model(c, PartSpec::Whole(c));
+  auto [ids, mask] = Batch(c);
+  const torch::Tensor fp32 = model(ids, mask);
+  model->to(torch::kBFloat16);
+  const torch::Tensor bf16 = model(ids, mask);
+  EXPECT_EQ(bf16.scalar_type(), torch::kBFloat16);
+  EXPECT_LT((bf16.to(torch::kFloat) - fp32).abs().max().item<float>(), 0.05f);
+}
+
+TEST(Lora, ZeroBLeavesTheBaseModelAndOnlyLoraTrains) {
+  torch::manual_seed(4);
+  const ModelConfig c = TinyConfig();
+  ModelPart model(c, PartSpec::Whole(c));
+  auto [ids, mask] = Batch(c);
+  const torch::Tensor base = model(ids, mask).detach();
+  LoraConfig lora;
+  lora.rank = 4;
+  model->AddLora(lora);
+  const torch::Tensor with_adapter = model(ids, mask);
+  EXPECT_TRUE(torch::equal(with_adapter, base));
+  NextTokenLoss(with_adapter, ids).backward();
+  for (const auto& p : model->named_parameters()) {
+    const bool is_lora = p.key().find("lora_") != std::string::npos;
+    EXPECT_EQ(p.value().grad().defined(), is_lora) << p.key();
+  }
+  // 4 layers x 4 attention projections x (A, B)
+  EXPECT_EQ(model->TrainableParameters().size(), 32u);
+  EXPECT_EQ(model->LoraParameters().size(), 32u);
+}
+
+TEST(Lora, MergeGivesTheSameOutputs) {
+  torch::manual_seed(5);
+  const ModelConfig c = TinyConfig();
+  ModelPart model(c, PartSpec::Whole(c));
+  LoraConfig lora;
+  lora.target_modules = {"v_proj", "down_proj"};
+  model->AddLora(lora);
+  RandomizeLora(model);
+  auto [ids, mask] = Batch(c);
+  const torch::Tensor before = model(ids, mask).detach();
+  model->MergeLora();
+  EXPECT_TRUE(model->LoraParameters().empty());
+  EXPECT_TRUE(torch::allclose(model(ids, mask), before, 1e-5, 1e-5));
+}
+
+TEST(Lora, BadConfigIsRefused) {
+  const ModelConfig c = TinyConfig();
+  ModelPart model(c, PartSpec::Whole(c));
+  LoraConfig lora;
+  lora.target_modules = {"qkv"};
+  EXPECT_THROW(model->AddLora(lora), Error);
+  lora = LoraConfig{};
+  lora.rank = 0;
+  EXPECT_THROW(model->AddLora(lora), Error);
+}
+
+}  // namespace
+}  // namespace amaq
