@@ -98,7 +98,7 @@ Dataset LoadWordNetTopics(const std::string& data_dir) {
     if (example != std::string::npos) gloss = gloss.substr(0, example);
     std::replace(word.begin(), word.end(), '_', ' ');
     Example e;
-    e.prompt = word + ": " + Trim(gloss);
+    e.prompt = word + ": " + Trim(gloss) + "\ntopic:";
     if (!seen.insert(e.prompt).second) continue;  // identical text: keep one, so splits stay disjoint
     e.label = lex_file - 4;
     e.completion = d.labels[static_cast<size_t>(e.label)];
@@ -174,7 +174,7 @@ Dataset LoadJsonl(const std::string& train_path, const std::string& validation_p
       }
       Example e;
       if (j.contains("text") && j.contains("label")) {
-        e.prompt = j["text"].get<std::string>();
+        e.prompt = j["text"].get<std::string>() + "\nlabel:";
         e.completion = j["label"].is_string() ? j["label"].get<std::string>() : j["label"].dump();
         const auto [it, added] = label_index.emplace(e.completion, static_cast<int>(d.labels.size()));
         if (added) d.labels.push_back(e.completion);

@@ -1,14 +1,15 @@
 // The data sets amaq trains and evaluates on, read from the files scripts/fetch-data puts in data/
 // exactly as their packages ship them, with fixed splits that never change between runs.
 //
-//   WordNet topics   "<word>: <gloss>" -> one of 25 noun lexicographer classes (noun.act ...
+//   WordNet topics   "<word>: <gloss>\ntopic:" -> one of 25 noun lexicographer classes (noun.act ...
 //                    noun.time; noun.Tops, the 51 unique beginners, is left out). Debian wordnet-base.
 //   Verb past tense  "past tense of <verb>:" -> "<past>". Regular verbs train and validate; the
 //                    363 irregular ones (past not ending in -ed) are the held-out hard test.
 //                    Debian python3-pattern's en-verbs.txt (extracted, not installed).
 //   Arithmetic       "<a> + <b> =" -> "<a + b>", generated from a seed (std::mt19937_64).
 //   Pretraining text State of the Union 1790-2021, Moby-Dick, the Brown corpus (tags stripped).
-//   User data        JSONL, one object a line: {"text", "label"} or {"prompt", "completion"}.
+//   User data        JSONL, one object a line: {"text", "label"} (prompt "<text>\nlabel:") or
+//                    {"prompt", "completion"}.
 //
 // Splits are by a hash of each example's identity (the synset offset, the verb), so they are
 // stable, disjoint, and independent of file order.
@@ -20,6 +21,7 @@
 
 namespace amaq {
 
+// The model sees prompt + " " + completion; the loss and the metrics cover the completion only.
 struct Example {
   std::string prompt;
   std::string completion;  // generation target; for classification, the label's name

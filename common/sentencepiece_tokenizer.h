@@ -1,15 +1,13 @@
 // SentencePiece (tokenizer.model) through Debian's libsentencepiece: LLaMA-2 and TinyLlama ship
 // it, and amaq's own base model uses one trained on its pretraining text (TrainSentencePiece).
+// The library is reached through a plugin loaded at run time (common/sentencepiece_plugin.cc says
+// why); a missing plugin is an amaq::Error, not a crash.
 #pragma once
 
 #include <memory>
 #include <string>
 
 #include "common/tokenizer.h"
-
-namespace sentencepiece {
-class SentencePieceProcessor;
-}
 
 namespace amaq {
 
@@ -26,7 +24,7 @@ class SentencePieceTokenizer : public Tokenizer {
 
  private:
   SentencePieceTokenizer();
-  std::unique_ptr<sentencepiece::SentencePieceProcessor> processor_;
+  void* processor_ = nullptr;  // owned by the plugin
 };
 
 // Trains a BPE SentencePiece model on a text file (one sentence per line) and writes

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "common/bpe_tokenizer.h"
 #include "common/error.h"
@@ -104,6 +105,39 @@ TEST(SentencePiece, TrainsLoadsAndRoundTrips) {
   EXPECT_EQ(tokenizer->Decode(ids), text);
   // Byte fallback: characters never seen in training still round-trip.
   EXPECT_EQ(tokenizer->Decode(tokenizer->Encode("zebra ǅ 中")), "zebra ǅ 中");
+}
+
+// The plugin must give what Debian's own spm_encode gives for the same model.
+TEST(SentencePiece, MatchesTheSpmEncodeProgram) {
+  const std::string dir = ::testing::TempDir() + "/spm-cli";
+  std::filesystem::create_directories(dir);
+  std::vector<std::string> lines;
+  {
+    std::ifstream golden(kGolden);
+    for (std::string line; std::getline(golden, line);) {
+      const std::string text = nlohmann::json::parse(line)["text"];
+      if (!text.empty() && text.find('\n') == std::string::npos) lines.push_back(text);
+    }
+    std::ofstream corpus(dir + "/corpus.txt");
+    for (const std::string& l : lines) corpus << l << "\n";
+  }
+  TrainSentencePiece(dir + "/corpus.txt", dir + "/tokenizer", 600);
+  const auto tokenizer = SentencePieceTokenizer::Load(dir + "/tokenizer.model");
+  const std::string command = "spm_encode --model=" + dir + "/tokenizer.model --output_format=id < " +
+                              dir + "/corpus.txt > " + dir + "/ids.txt";
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  std::ifstream ids(dir + "/ids.txt");
+  size_t compared = 0;
+  for (const std::string& text : lines) {
+    std::string line;
+    ASSERT_TRUE(std::getline(ids, line));
+    std::vector<int64_t> expected;
+    std::istringstream numbers(line);
+    for (int64_t id; numbers >> id;) expected.push_back(id);
+    EXPECT_EQ(tokenizer->Encode(text), expected) << text;
+    ++compared;
+  }
+  EXPECT_GT(compared, 250u);
 }
 
 TEST(Tokenizer, MissingFilesAreNamed) {

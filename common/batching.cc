@@ -1,0 +1,85 @@
+#include "common/batching.h"
+
+#include <algorithm>
+
+#include "common/error.h"
+
+namespace amaq {
+
+ExampleEncoder::ExampleEncoder(const Tokenizer& tokenizer, int64_t bos_id, int64_t eos_id, int64_t max_tokens)
+    : tokenizer_(tokenizer), bos_(bos_id), eos_(eos_id), max_tokens_(max_tokens) {
+  Require(max_tokens >= 4, ErrorCode::kInvalidArgument, "max_tokens must be at least 4");
+}
+
+ExampleEncoder::Pair ExampleEncoder::Encode(const std::string& prompt, const std::string& completion) const {
+  Pair pair;
+  pair.prompt = tokenizer_.Encode(prompt);
+  const std::vector<int64_t> full = tokenizer_.Encode(prompt + " " + completion);
+  if (full.size() > pair.prompt.size() && std::equal(pair.prompt.begin(), pair.prompt.end(), full.begin())) {
+    pair.completion.assign(full.begin() + static_cast<long>(pair.prompt.size()), full.end());
+  } else {
+    pair.completion = tokenizer_.Encode(" " + completion);  // a merge crossed the boundary
+  }
+  return pair;
+}
+
+Batch ExampleEncoder::MakeBatch(const std::vector<const Example*>& examples,
+                                const std::vector<uint64_t>& sample_ids, bool with_completion) const {
+  Require(examples.size() == sample_ids.size() && !examples.empty(), ErrorCode::kInvalidArgument,
+          "a batch needs one sample id per example and at least one example");
+  std::vector<std::vector<int64_t>> rows, targets;
+  size_t longest = 0;
+  for (const Example* e : examples) {
+    const Pair pair = Encode(e->prompt, e->completion);
+    std::vector<int64_t> row = {bos_};
+    row.insert(row.end(), pair.prompt.begin(), pair.prompt.end());
+    std::vector<int64_t> target(row.size(), -100);
+    if (with_completion) {
+      row.insert(row.end(), pair.completion.begin(), pair.completion.end());
+      row.push_back(eos_);
+      target.insert(target.end(), pair.completion.begin(), pair.completion.end());
+      target.push_back(eos_);
+    }
+    if (static_cast<int64_t>(row.size()) > max_tokens_) {
+      // Keep the end (the completion) and cut the prompt's beginning after BOS.
+      const size_t drop = row.size() - static_cast<size_t>(max_tokens_);
+      row.erase(row.begin() + 1, row.begin() + 1 + static_cast<long>(drop));
+      target.erase(target.begin() + 1, target.begin() + 1 + static_cast<long>(drop));
+    }
+    longest = std::max(longest, row.size());
+    rows.push_back(std::move(row));
+    targets.push_back(std::move(target));
+  }
+  const auto b = static_cast<int64_t>(rows.size()), t = static_cast<int64_t>(longest);
+  Batch batch{torch::zeros({b, t}, torch::kLong), torch::zeros({b, t}, torch::kLong),
+              torch::full({b, t}, -100, torch::kLong), sample_ids};
+  auto ids = batch.ids.accessor<int64_t, 2>();
+  auto mask = batch.mask.accessor<int64_t, 2>();
+  auto labels = batch.labels.accessor<int64_t, 2>();
+  for (int64_t i = 0; i < b; ++i) {
+    for (size_t j = 0; j < rows[i].size(); ++j) {
+      ids[i][static_cast<int64_t>(j)] = rows[i][j];
+      mask[i][static_cast<int64_t>(j)] = 1;
+      labels[i][static_cast<int64_t>(j)] = targets[i][j];
+    }
+  }
+  return batch;
+}
+
+Batch SampleWindows(const std::vector<int32_t>& stream, int64_t batch, int64_t tokens, std::mt19937_64& rng) {
+  Require(static_cast<int64_t>(stream.size()) > tokens + 1, ErrorCode::kInvalidArgument,
+          "the token stream is shorter than one window");
+  std::uniform_int_distribution<size_t> start(0, stream.size() - static_cast<size_t>(tokens) - 1);
+  Batch b{torch::empty({batch, tokens}, torch::kLong), torch::ones({batch, tokens}, torch::kLong),
+          torch::empty({batch, tokens}, torch::kLong), {}};
+  auto ids = b.ids.accessor<int64_t, 2>();
+  for (int64_t i = 0; i < batch; ++i) {
+    const size_t s = start(rng);
+    b.sample_ids.push_back(s);
+    for (int64_t j = 0; j < tokens; ++j) ids[i][j] = stream[s + static_cast<size_t>(j)];
+  }
+  b.labels.copy_(b.ids);  // NextTokenLoss shifts by one
+  return b;
+}
+
+}  // namespace amaq

@@ -1,0 +1,53 @@
+// Turning examples and text into the tensors a model step takes.
+//
+// A fine-tuning example is  [BOS] prompt " " completion [EOS]  with labels = the input ids on the
+// completion and EOS, -100 elsewhere (prompt, padding), right-padded to the longest in the batch
+// and cut at max_tokens. Pretraining batches are windows of a token stream.
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "common/datasets.h"
+#include "common/tokenizer.h"
+
+namespace amaq {
+
+struct Batch {
+  torch::Tensor ids;     // [B, T] int64
+  torch::Tensor mask;    // [B, T] int64: 1 token, 0 padding
+  torch::Tensor labels;  // [B, T] int64: target token or -100
+  std::vector<uint64_t> sample_ids;  // stable ids of the examples (AQ-SGD caches by them)
+};
+
+class ExampleEncoder {
+ public:
+  ExampleEncoder(const Tokenizer& tokenizer, int64_t bos_id, int64_t eos_id, int64_t max_tokens);
+
+  // Token ids of prompt and completion such that prompt_ids + completion_ids tokenizes
+  // prompt + " " + completion.
+  struct Pair {
+    std::vector<int64_t> prompt, completion;
+  };
+  Pair Encode(const std::string& prompt, const std::string& completion) const;
+
+  // One batch of examples with their stable ids. `with_completion` = false leaves the completion
+  // out (prompts for generation).
+  Batch MakeBatch(const std::vector<const Example*>& examples, const std::vector<uint64_t>& sample_ids,
+                  bool with_completion = true) const;
+
+  const Tokenizer& tokenizer() const { return tokenizer_; }
+  int64_t eos_id() const { return eos_; }
+
+ private:
+  const Tokenizer& tokenizer_;
+  int64_t bos_, eos_, max_tokens_;
+};
+
+// Random windows of `tokens` + 1 consecutive ids from a token stream, for next-token pretraining.
+Batch SampleWindows(const std::vector<int32_t>& stream, int64_t batch, int64_t tokens, std::mt19937_64& rng);
+
+}  // namespace amaq

@@ -1,0 +1,120 @@
+#include "common/evaluate.h"
+
+#include <cmath>
+
+#include "common/error.h"
+
+namespace amaq {
+
+torch::Tensor SequenceLogProbs(const torch::Tensor& logits, const torch::Tensor& labels) {
+  const torch::Tensor log_probs = torch::log_softmax(logits.slice(1, 0, -1).to(torch::kFloat), -1);
+  const torch::Tensor target = labels.slice(1, 1);
+  const torch::Tensor valid = target != -100;
+  const torch::Tensor picked = log_probs.gather(-1, target.clamp_min(0).unsqueeze(-1)).squeeze(-1);
+  return (picked * valid).sum(1);
+}
+
+torch::Tensor LastTokenArgmax(const torch::Tensor& logits, const torch::Tensor& mask) {
+  const torch::Tensor last = mask.sum(1) - 1;  // right padding: the last real position
+  const torch::Tensor rows = torch::arange(logits.size(0), torch::kLong);
+  return logits.index({rows, last}).argmax(-1);
+}
+
+double ClassificationAccuracy(const SequenceScorer& score, const ExampleEncoder& encoder,
+                              const Dataset& dataset, const std::vector<Example>& examples,
+                              int64_t batch_size) {
+  Require(dataset.is_classification(), ErrorCode::kInvalidArgument,
+          dataset.name + " is not a classification data set: use exact match");
+  if (examples.empty()) return 0.0;
+  torch::NoGradGuard no_grad;
+  const size_t labels = dataset.labels.size();
+  int64_t correct = 0;
+  // Each example is scored once per label; candidates are batched across examples.
+  std::vector<Example> candidates;
+  std::vector<const Example*> owners;
+  const auto flush = [&] {
+    std::vector<const Example*> ptrs;
+    for (const Example& c : candidates) ptrs.push_back(&c);
+    std::vector<float> scores;
+    for (size_t i = 0; i < ptrs.size(); i += static_cast<size_t>(batch_size)) {
+      const std::vector<const Example*> chunk(ptrs.begin() + static_cast<long>(i),
+                                              ptrs.begin() + static_cast<long>(std::min(ptrs.size(), i + batch_size)));
+      const torch::Tensor s = score(encoder.MakeBatch(chunk, std::vector<uint64_t>(chunk.size(), 0)));
+      for (int64_t k = 0; k < s.size(0); ++k) scores.push_back(s[k].item<float>());
+    }
+    for (size_t e = 0; e < owners.size(); ++e) {
+      size_t best = 0;
+      for (size_t l = 1; l < labels; ++l) {
+        if (scores[e * labels + l] > scores[e * labels + best]) best = l;
+      }
+      correct += static_cast<int>(best) == owners[e]->label;
+    }
+    candidates.clear();
+    owners.clear();
+  };
+  for (const Example& e : examples) {
+    owners.push_back(&e);
+    for (const std::string& label : dataset.labels) candidates.push_back(Example{e.prompt, label, -1});
+    if (candidates.size() >= static_cast<size_t>(batch_size) * labels) flush();
+  }
+  flush();
+  return static_cast<double>(correct) / static_cast<double>(examples.size());
+}
+
+double ExactMatch(const GreedyStep& step, const ExampleEncoder& encoder, const std::vector<Example>& examples,
+                  int64_t max_new_tokens, int64_t batch_size) {
+  if (examples.empty()) return 0.0;
+  torch::NoGradGuard no_grad;
+  int64_t correct = 0;
+  for (size_t i = 0; i < examples.size(); i += static_cast<size_t>(batch_size)) {
+    std::vector<const Example*> chunk;
+    for (size_t k = i; k < std::min(examples.size(), i + batch_size); ++k) chunk.push_back(&examples[k]);
+    Batch b = encoder.MakeBatch(chunk, std::vector<uint64_t>(chunk.size(), 0), /*with_completion=*/false);
+    std::vector<std::vector<int64_t>> generated(chunk.size());
+    std::vector<bool> done(chunk.size(), false);
+    torch::Tensor ids = b.ids, mask = b.mask;
+    for (int64_t t = 0; t < max_new_tokens; ++t) {
+      const torch::Tensor next = step(ids, mask);
+      // Append each row's token right after its last real token (rows are right-padded).
+      ids = torch::cat({ids, torch::zeros({ids.size(0), 1}, torch::kLong)}, 1);
+      mask = torch::cat({mask, torch::zeros({mask.size(0), 1}, torch::kLong)}, 1);
+      const torch::Tensor lengths = b.mask.sum(1) + t;
+      bool all_done = true;
+      for (size_t r = 0; r < chunk.size(); ++r) {
+        const int64_t token = next[static_cast<int64_t>(r)].item<int64_t>();
+        const int64_t at = lengths[static_cast<int64_t>(r)].item<int64_t>();
+        ids[static_cast<int64_t>(r)][at] = token;
+        mask[static_cast<int64_t>(r)][at] = 1;
+        if (!done[r]) {
+          if (token == encoder.eos_id()) {
+            done[r] = true;
+          } else {
+            generated[r].push_back(token);
+          }
+        }
+        all_done = all_done && done[r];
+      }
+      if (all_done) break;
+    }
+    for (size_t r = 0; r < chunk.size(); ++r) {
+      std::string text = encoder.tokenizer().Decode(generated[r]);
+      const size_t b0 = text.find_first_not_of(' ');
+      text = b0 == std::string::npos ? "" : text.substr(b0);
+      correct += text == chunk[r]->completion;
+    }
+  }
+  return static_cast<double>(correct) / static_cast<double>(examples.size());
+}
+
+double Perplexity(const SequenceScorer& score, const std::vector<Batch>& batches) {
+  torch::NoGradGuard no_grad;
+  double log_likelihood = 0, tokens = 0;
+  for (const Batch& b : batches) {
+    log_likelihood += score(b).sum().item<double>();
+    tokens += (b.labels.slice(1, 1) != -100).sum().item<double>();
+  }
+  Require(tokens > 0, ErrorCode::kInvalidArgument, "perplexity needs at least one labelled token");
+  return std::exp(-log_likelihood / tokens);
+}
+
+}  // namespace amaq

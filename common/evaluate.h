@@ -1,0 +1,36 @@
+// The metrics users see: classification accuracy by label likelihood, exact match of greedy
+// generations, perplexity. They take the model as two small functions, so that the same code
+// evaluates a local model and a split one whose head sits on a server:
+//   SequenceScorer(batch)    -> [B] sum of log p(label token | prefix) over positions with a label
+//   GreedyStep(ids, mask)    -> [B] the argmax next token after each row's last real token
+#pragma once
+
+#include <torch/types.h>
+
+#include <functional>
+#include <vector>
+
+#include "common/batching.h"
+
+namespace amaq {
+
+using SequenceScorer = std::function<torch::Tensor(const Batch&)>;
+using GreedyStep = std::function<torch::Tensor(const torch::Tensor& ids, const torch::Tensor& mask)>;
+
+// From logits [B, T, V] and labels [B, T]: per-row sum of next-token log-probabilities of the
+// labelled positions, and how many there were.
+torch::Tensor SequenceLogProbs(const torch::Tensor& logits, const torch::Tensor& labels);
+// From logits [B, T, V] and mask [B, T]: the argmax token after each row's last real token.
+torch::Tensor LastTokenArgmax(const torch::Tensor& logits, const torch::Tensor& mask);
+
+// Picks, for each example, the label whose completion is most likely; returns the share correct.
+double ClassificationAccuracy(const SequenceScorer& score, const ExampleEncoder& encoder,
+                              const Dataset& dataset, const std::vector<Example>& examples,
+                              int64_t batch_size);
+// Greedy decoding up to max_new_tokens or EOS; returns the share whose text equals the completion.
+double ExactMatch(const GreedyStep& step, const ExampleEncoder& encoder,
+                  const std::vector<Example>& examples, int64_t max_new_tokens, int64_t batch_size);
+// exp(mean negative log-likelihood per labelled token) over the batches.
+double Perplexity(const SequenceScorer& score, const std::vector<Batch>& batches);
+
+}  // namespace amaq
