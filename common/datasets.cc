@@ -52,6 +52,14 @@ std::string Trim(const std::string& s) {
   return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
 }
 
+// Package files are sorted (WordNet by offset, which follows the topic); a fixed shuffle makes any
+// prefix of a split a fair sample of it.
+void ShuffleSplits(Dataset* d) {
+  for (auto* split : {&d->train, &d->validation, &d->test}) {
+    std::shuffle(split->begin(), split->end(), std::mt19937_64(0x5eed));
+  }
+}
+
 void AddToSplit(Dataset* d, Example e, int split) {
   (split == 0 ? d->train : split == 1 ? d->validation : d->test).push_back(std::move(e));
 }
@@ -104,6 +112,7 @@ Dataset LoadWordNetTopics(const std::string& data_dir) {
     e.completion = d.labels[static_cast<size_t>(e.label)];
     AddToSplit(&d, std::move(e), SplitOf(offset, 10, 10));
   }
+  ShuffleSplits(&d);
   return d;
 }
 
@@ -128,6 +137,7 @@ Dataset LoadVerbPastTense(const std::string& data_dir) {
     const bool irregular = columns[10].size() < 2 || columns[10].compare(columns[10].size() - 2, 2, "ed") != 0;
     AddToSplit(&d, std::move(e), irregular ? 2 : SplitOf(columns[0], 10, 0));
   }
+  ShuffleSplits(&d);
   return d;
 }
 

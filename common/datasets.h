@@ -12,7 +12,8 @@
 //                    {"prompt", "completion"}.
 //
 // Splits are by a hash of each example's identity (the synset offset, the verb), so they are
-// stable, disjoint, and independent of file order.
+// stable, disjoint, and independent of file order; each split is then shuffled with a fixed seed,
+// so that its first N examples are a fair sample.
 #pragma once
 
 #include <cstdint>

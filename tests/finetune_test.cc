@@ -1,0 +1,153 @@
+#include "common/finetune.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "common/batching.h"
+#include "common/checkpoint.h"
+#include "common/evaluate.h"
+#include "common/sentencepiece_tokenizer.h"
+#include "model_test_util.h"
+
+namespace amaq {
+namespace {
+
+// A model directory small enough for tests: a 300-piece SentencePiece tokenizer and a tiny model.
+std::string TinyModelDir(const std::string& name) {
+  const std::string dir = testing::TempDir(name);
+  {
+    std::ofstream corpus(dir + "/corpus.txt");
+    for (int i = 0; i < 200; ++i) {
+      corpus << "past tense of walk: walked. past tense of jump: jumped. " << i << " + " << i << " = " << 2 * i << "\n";
+      corpus << "dog: a domesticated animal. oak: a tree. topic: animal plant\n";
+    }
+  }
+  TrainSentencePiece(dir + "/corpus.txt", dir + "/tokenizer", 300);
+  ModelConfig c = testing::TinyConfig();
+  c.vocab_size = 300;
+  ModelPart model(c, PartSpec::Whole(c));
+  {
+    // A trained model's head separates tokens; 0.02-scale random rows cap every logit near 0 and
+    // leave a frozen-base LoRA nothing to steer.
+    torch::NoGradGuard no_grad;
+    model->lm_head.normal_(0, 1);
+  }
+  SaveModel(model, dir);
+  return dir;
+}
+
+TEST(Batching, LabelsCoverTheCompletionOnly) {
+  const std::string dir = TinyModelDir("batching");
+  const auto tokenizer = Tokenizer::Load(dir);
+  const ExampleEncoder encoder(*tokenizer, 1, 2, 64);
+  const Example a{"past tense of walk:", "walked", -1}, b{"dog:", "animal", -1};
+  const Batch batch = encoder.MakeBatch({&a, &b}, {10, 11});
+  ASSERT_EQ(batch.ids.size(0), 2);
+  EXPECT_EQ(batch.sample_ids, (std::vector<uint64_t>{10, 11}));
+  const auto pair = encoder.Encode(a.prompt, a.completion);
+  const int64_t prompt_len = 1 + static_cast<int64_t>(pair.prompt.size());
+  const int64_t total = prompt_len + static_cast<int64_t>(pair.completion.size()) + 1;
+  EXPECT_EQ(batch.ids[0][0].item<int64_t>(), 1);  // BOS
+  EXPECT_EQ(batch.mask[0].sum().item<int64_t>(), total);
+  for (int64_t t = 0; t < batch.ids.size(1); ++t) {
+    const int64_t label = batch.labels[0][t].item<int64_t>();
+    if (t < prompt_len || t >= total) {
+      EXPECT_EQ(label, -100) << t;
+    } else {
+      EXPECT_EQ(label, batch.ids[0][t].item<int64_t>()) << t;
+    }
+  }
+  EXPECT_EQ(batch.ids[0][total - 1].item<int64_t>(), 2);  // EOS
+  EXPECT_EQ(tokenizer->Decode(pair.completion), "walked");
+
+  // Too long: the prompt's beginning is cut, the completion kept.
+  const ExampleEncoder short_encoder(*tokenizer, 1, 2, 6);
+  const Batch cut = short_encoder.MakeBatch({&a}, {0});
+  EXPECT_EQ(cut.ids.size(1), 6);
+  EXPECT_EQ(cut.ids[0][0].item<int64_t>(), 1);
+  EXPECT_EQ(cut.ids[0][5].item<int64_t>(), 2);
+}
+
+TEST(Evaluate, SequenceLogProbsAndArgmax) {
+  torch::manual_seed(0);
+  const torch::Tensor logits = torch::randn({2, 4, 5});
+  const torch::Tensor labels = torch::tensor({{-100, 3, 1, -100}, {-100, -100, 4, 0}});
+  const torch::Tensor lp = torch::log_softmax(logits, -1);
+  const double row0 = lp[0][0][3].item<double>() + lp[0][1][1].item<double>();
+  const double row1 = lp[1][1][4].item<double>() + lp[1][2][0].item<double>();
+  const torch::Tensor got = SequenceLogProbs(logits, labels);
+  EXPECT_NEAR(got[0].item<double>(), row0, 1e-5);
+  EXPECT_NEAR(got[1].item<double>(), row1, 1e-5);
+  const torch::Tensor mask = torch::tensor({{1, 1, 0, 0}, {1, 1, 1, 1}});
+  const torch::Tensor next = LastTokenArgmax(logits, mask);
+  EXPECT_EQ(next[0].item<int64_t>(), logits[0][1].argmax().item<int64_t>());
+  EXPECT_EQ(next[1].item<int64_t>(), logits[1][3].argmax().item<int64_t>());
+}
+
+TEST(Evaluate, AccuracyAndExactMatchCountCorrectly) {
+  const std::string dir = TinyModelDir("metrics");
+  const auto tokenizer = Tokenizer::Load(dir);
+  const ExampleEncoder encoder(*tokenizer, 1, 2, 64);
+  Dataset d;
+  d.labels = {"animal", "plant"};
+  d.validation = {{"dog:", "animal", 0}, {"oak:", "plant", 1}, {"cat:", "animal", 0}};
+  // A scorer that likes "plant": right on one of three.
+  const std::vector<int64_t> plant = encoder.Encode("x", "plant").completion;
+  const SequenceScorer prefers_plant = [&](const Batch& b) {
+    torch::Tensor s = torch::zeros({b.ids.size(0)});
+    for (int64_t r = 0; r < b.ids.size(0); ++r) {
+      for (int64_t t = 0; t < b.ids.size(1); ++t) {
+        if (b.labels[r][t].item<int64_t>() == plant[0]) s[r] = 1.0;
+      }
+    }
+    return s;
+  };
+  EXPECT_NEAR(ClassificationAccuracy(prefers_plant, encoder, d, d.validation, 2), 1.0 / 3, 1e-9);
+
+  // A generator that always spells "walked": right on one of two.
+  const std::vector<int64_t> walked = tokenizer->Encode("walked");
+  size_t calls = 0;  // batches of one: each example takes walked.size() tokens, then EOS
+  const GreedyStep spell = [&](const torch::Tensor& ids, const torch::Tensor&) {
+    const size_t k = calls++ % (walked.size() + 1);
+    return torch::full({ids.size(0)}, k < walked.size() ? walked[k] : int64_t{2}, torch::kLong);
+  };
+  const std::vector<Example> gen = {{"past tense of walk:", "walked", -1}, {"past tense of go:", "went", -1}};
+  EXPECT_DOUBLE_EQ(ExactMatch(spell, encoder, gen, 8, 1), 0.5);
+}
+
+TEST(Finetune, ShortRunLowersTheLoss) {
+  const std::string dir = TinyModelDir("finetune");
+  Dataset d;  // "item N:" -> animal / plant by parity
+  d.labels = {"animal", "plant"};
+  for (int i = 0; i < 40; ++i) d.train.push_back({"item " + std::to_string(i) + ":", d.labels[i % 2], i % 2});
+  d.validation = {d.train[0], d.train[1]};
+  FinetuneOptions o;
+  o.model_dir = dir;
+  o.steps = 60;
+  o.batch = 8;
+  o.lr = 2e-2;
+  o.eval_examples = 5;
+  o.progress = false;
+  o.lora.target_modules = {"q_proj", "v_proj", "up_proj", "down_proj"};
+  const FinetuneResult r = FinetuneLocal(d, o);
+  ASSERT_EQ(r.losses.size(), 60u);
+  double first = 0, last = 0;
+  for (int i = 0; i < 10; ++i) {
+    first += r.losses[i] / 10;
+    last += r.losses[50 + i] / 10;
+  }
+  EXPECT_LT(last, 0.7 * first) << first << " -> " << last;
+}
+
+TEST(ExampleOrderTest, VisitsEveryExampleOncePerEpoch) {
+  ExampleOrder order(10, 5);
+  std::vector<size_t> seen = order.Next(10);
+  std::sort(seen.begin(), seen.end());
+  for (size_t i = 0; i < 10; ++i) EXPECT_EQ(seen[i], i);
+  EXPECT_EQ(ExampleOrder(10, 5).Next(10), ExampleOrder(10, 5).Next(10));
+}
+
+}  // namespace
+}  // namespace amaq
