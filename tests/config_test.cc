@@ -1,0 +1,67 @@
+#include "common/config.h"
+
+#include <gtest/gtest.h>
+
+#include "common/error.h"
+
+namespace amaq {
+namespace {
+
+Config Make() {
+  Config c("amaq-test");
+  c.AddString("method", "bf16", "how to compress", {"bf16", "fp32"});
+  c.AddString("model", "models/base", "model dir");
+  c.AddInt("cut_layer", 2, "split point", 0, 4);
+  c.AddDouble("lr", 1e-3, "learning rate", 0, 1);
+  c.AddBool("insecure", false, "plain text");
+  return c;
+}
+
+std::string ErrorOf(const std::string& yaml, const std::vector<std::string>& flags) {
+  Config c = Make();
+  try {
+    c.Load(yaml, "test.yaml", flags);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Config, FlagsOverrideTheFileWhichOverridesDefaults) {
+  Config c = Make();
+  c.Load("method: fp32\ncut_layer: 3\nlr: 0.5\n", "test.yaml", {"--cut-layer", "1", "--insecure", "--model=/m"});
+  EXPECT_EQ(c.String("method"), "fp32");
+  EXPECT_EQ(c.Int("cut_layer"), 1);
+  EXPECT_DOUBLE_EQ(c.Double("lr"), 0.5);
+  EXPECT_TRUE(c.Bool("insecure"));
+  EXPECT_EQ(c.String("model"), "/m");
+  EXPECT_NE(c.Dump().find("cut_layer: 1"), std::string::npos);
+}
+
+TEST(Config, BadInputNamesTheKeyAndWhatIsAllowed) {
+  EXPECT_NE(ErrorOf("colour: red\n", {}).find("unknown key 'colour'"), std::string::npos);
+  EXPECT_NE(ErrorOf("cut_layer: two\n", {}).find("'cut_layer' must be an integer"), std::string::npos);
+  EXPECT_NE(ErrorOf("cut_layer: 9\n", {}).find("[0, 4]"), std::string::npos);
+  EXPECT_NE(ErrorOf("cut_layer: 1.5\n", {}).find("integer"), std::string::npos);
+  EXPECT_NE(ErrorOf("method: int8\n", {}).find("allowed: bf16, fp32"), std::string::npos);
+  EXPECT_NE(ErrorOf("insecure: maybe\n", {}).find("true or false"), std::string::npos);
+  EXPECT_NE(ErrorOf("- a\n- b\n", {}).find("mapping"), std::string::npos);
+  EXPECT_NE(ErrorOf("a: [1\n", {}).find("not valid YAML"), std::string::npos);
+  EXPECT_NE(ErrorOf("", {"--lr"}).find("needs a value"), std::string::npos);
+  EXPECT_NE(ErrorOf("", {"--nope", "1"}).find("unknown key 'nope'"), std::string::npos);
+}
+
+TEST(Config, MissingFileIsNotFound) {
+  Config c = Make();
+  const char* argv[] = {"prog", "--config", "/nonexistent.yaml"};
+  try {
+    c.Parse(3, argv);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kNotFound);
+  }
+}
+
+}  // namespace
+}  // namespace amaq
