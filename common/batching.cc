@@ -24,7 +24,7 @@ ExampleEncoder::Pair ExampleEncoder::Encode(const std::string& prompt, const std
 }
 
 Batch ExampleEncoder::MakeBatch(const std::vector<const Example*>& examples,
-                                const std::vector<uint64_t>& sample_ids, bool with_completion) const {
+                                const std::vector<uint64_t>& sample_ids, bool with_completion, int64_t pad_to) const {
   Require(examples.size() == sample_ids.size() && !examples.empty(), ErrorCode::kInvalidArgument,
           "a batch needs one sample id per example and at least one example");
   std::vector<std::vector<int64_t>> rows, targets;
@@ -50,7 +50,8 @@ Batch ExampleEncoder::MakeBatch(const std::vector<const Example*>& examples,
     rows.push_back(std::move(row));
     targets.push_back(std::move(target));
   }
-  const auto b = static_cast<int64_t>(rows.size()), t = static_cast<int64_t>(longest);
+  const auto b = static_cast<int64_t>(rows.size());
+  const int64_t t = std::max(static_cast<int64_t>(longest), std::min(pad_to, max_tokens_));
   Batch batch{torch::zeros({b, t}, torch::kLong), torch::zeros({b, t}, torch::kLong),
               torch::full({b, t}, -100, torch::kLong), sample_ids};
   auto ids = batch.ids.accessor<int64_t, 2>();

@@ -36,8 +36,9 @@ class ExampleEncoder {
 
   // One batch of examples with their stable ids. `with_completion` = false leaves the completion
   // out (prompts for generation).
+  // `pad_to` > 0 pads every row to exactly that many tokens (AQ-SGD needs fixed shapes).
   Batch MakeBatch(const std::vector<const Example*>& examples, const std::vector<uint64_t>& sample_ids,
-                  bool with_completion = true) const;
+                  bool with_completion = true, int64_t pad_to = 0) const;
 
   const Tokenizer& tokenizer() const { return tokenizer_; }
   int64_t eos_id() const { return eos_; }

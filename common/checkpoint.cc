@@ -1,8 +1,11 @@
 #include "common/checkpoint.h"
 
 #include <nlohmann/json.hpp>
+#include <xxhash.h>
 
+#include <cstdio>
 #include <filesystem>
+#include <set>
 #include <fstream>
 
 #include "common/atomic_file.h"
@@ -109,6 +112,31 @@ void SavePeftAdapter(const std::vector<ModelPart*>& parts, const LoraConfig& lor
       {"revision", nullptr},
   };
   WriteFileAtomically(Join(dir, "adapter_config.json"), config.dump(2) + "\n");
+}
+
+std::string ModelFingerprint(const std::string& dir, int64_t cut_layer) {
+  const ModelConfig config = ModelConfig::Load(Join(dir, "config.json"));
+  std::string material = config.ToJson().dump() + "\ncut=" + std::to_string(cut_layer) + "\n";
+  const std::string index = Join(dir, "model.safetensors.index.json");
+  std::vector<std::string> files;
+  if (std::filesystem::exists(index)) {
+    std::ifstream in(index);
+    std::set<std::string> shards;
+    for (const auto& [tensor, file] : nlohmann::json::parse(in).at("weight_map").items()) shards.insert(file.get<std::string>());
+    files.assign(shards.begin(), shards.end());
+  } else {
+    files.push_back("model.safetensors");
+  }
+  for (const std::string& f : files) {
+    const SafetensorsFile file = SafetensorsFile::Open(Join(dir, f));
+    for (const std::string& name : file.Names()) {
+      const TensorEntry& e = file.Entry(name);
+      material += f + ":" + name + ":" + e.dtype + ":" + std::to_string(e.begin) + "-" + std::to_string(e.end) + "\n";
+    }
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(XXH3_64bits(material.data(), material.size())));
+  return hex;
 }
 
 int LoadPeftAdapter(ModelPart& part, const std::string& dir) {

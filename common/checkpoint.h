@@ -41,6 +41,11 @@ void SaveModel(ModelPart& whole, const std::string& dir, torch::Dtype dtype = to
 // Writes the LoRA weights of `parts` (e.g. a client's and a server's) as one PEFT adapter.
 void SavePeftAdapter(const std::vector<ModelPart*>& parts, const LoraConfig& lora,
                      const std::string& base_model, const std::string& dir);
+// XXH3 (hex) of config.json, the safetensors headers (tensor names, dtypes, shapes, offsets) and
+// the cut layer: client and server compare it to know they hold the same base model split at the
+// same layer. It reads headers only, never the weights.
+std::string ModelFingerprint(const std::string& dir, int64_t cut_layer);
+
 // Reads an adapter written by SavePeftAdapter (or PEFT) into the matching LoRA weights of `part`;
 // tensors of layers the part does not hold are skipped. Returns how many tensors were loaded.
 int LoadPeftAdapter(ModelPart& part, const std::string& dir);

@@ -43,7 +43,7 @@ FinetuneResult FinetuneLocal(const Dataset& dataset, const FinetuneOptions& o) {
   torch::manual_seed(o.seed);
   ModelPart model(config, PartSpec::Whole(config));
   if (!o.random_init) LoadPartWeights(model, o.model_dir);
-  model->AddLora(o.lora);
+  model->AddLora(o.lora, o.seed);
   torch::optim::AdamW optimizer(model->TrainableParameters(), torch::optim::AdamWOptions(o.lr).weight_decay(0.0));
   const ExampleEncoder encoder(*tokenizer, config.bos_token_id, config.eos_token_id, o.max_tokens);
 

@@ -1,5 +1,8 @@
 #include "common/model.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+#include <xxhash.h>
+
 #include <cmath>
 
 #include "common/error.h"
@@ -195,12 +198,21 @@ NamedTensors ModelPartImpl::LoraParameters() {
   return out;
 }
 
-void ModelPartImpl::AddLora(const LoraConfig& lora) {
+void ModelPartImpl::AddLora(const LoraConfig& lora, uint64_t seed) {
   lora.Validate();
   for (auto& p : parameters()) p.set_requires_grad(false);
   ForEachLinear([&](const std::string& name, LoraLinear& linear) {
     if (lora.Targets(name)) linear->AddAdapter(lora);
   });
+  torch::NoGradGuard no_grad;
+  for (auto& [name, tensor] : LoraParameters()) {
+    if (name.find("lora_A") == std::string::npos) continue;
+    // PEFT's init, Kaiming-uniform with a = sqrt(5): U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+    const double bound = 1.0 / std::sqrt(static_cast<double>(tensor.size(1)));
+    auto generator = at::detail::createCPUGenerator(XXH3_64bits(name.data(), name.size()) ^ seed);
+    const torch::Tensor init = torch::empty(tensor.sizes(), torch::kFloat).uniform_(-bound, bound, generator);
+    tensor.copy_(init);
+  }
 }
 
 void ModelPartImpl::MergeLora() {

@@ -95,7 +95,9 @@ class ModelPartImpl : public torch::nn::Module {
   NamedTensors HfParameters();
   // LoRA weights under PEFT's names without the "base_model.model." prefix.
   NamedTensors LoraParameters();
-  void AddLora(const LoraConfig& lora);
+  // Adds LoRA adapters and freezes the base. Each A is drawn from a generator seeded by `seed`
+  // and the parameter's name, so a whole model and its split parts start identical.
+  void AddLora(const LoraConfig& lora, uint64_t seed = 0);
   void MergeLora();
   // Parameters that require gradients (LoRA only, once AddLora was called).
   std::vector<torch::Tensor> TrainableParameters();

@@ -30,13 +30,8 @@ class AmaqFunction : public torch::autograd::Function<AmaqFunction> {
     const AmaqOptions& o = quantizer->options();
     const int64_t rows = x.size(0), channels = x.size(1);
     const BitsTable bits = quantizer->IntegerBits(rows);
-    EncodeOptions encode;
-    encode.scheme = Scheme::kAffine;
-    encode.granularity = o.per_token ? Granularity::kToken : Granularity::kChannel;
-    encode.scale_format = o.scale_format;
-    encode.zstd = o.zstd;
     torch::Tensor recon;
-    Encoded encoded = EncodeTensor(*encoder, x, bits, encode, &recon);
+    Encoded encoded = EncodeTensor(*encoder, x, bits, quantizer->WireOptions(), &recon);
     if (wire) *wire = std::move(encoded);
     const torch::Tensor x_hat = recon.to(x.device(), x.scalar_type());
 
@@ -60,9 +55,8 @@ class AmaqFunction : public torch::autograd::Function<AmaqFunction> {
     torch::Tensor grad = grad_outputs[0];
     if (o.quantize_backward) {
       Encoder encoder;
-      EncodeOptions encode;
-      encode.granularity = o.per_token ? Granularity::kToken : Granularity::kChannel;
-      encode.scale_format = o.scale_format;
+      EncodeOptions encode = quantizer->WireOptions();
+      encode.zstd = false;
       torch::Tensor recon;
       EncodeTensor(encoder, grad, quantizer->IntegerBits(x.size(0)), encode, &recon);
       grad = recon.to(grad.device(), grad.scalar_type());
@@ -128,6 +122,15 @@ torch::Tensor AmaqQuantizer::Quantize(const torch::Tensor& x, Encoder& encoder, 
   return AmaqFunction::apply(x, gates_, this, &encoder, wire);
 }
 
+EncodeOptions AmaqQuantizer::WireOptions() const {
+  EncodeOptions o;
+  o.scheme = Scheme::kAffine;
+  o.granularity = options_.per_token ? Granularity::kToken : Granularity::kChannel;
+  o.scale_format = options_.scale_format;
+  o.zstd = options_.zstd;
+  return o;
+}
+
 torch::Tensor AmaqQuantizer::ContinuousBits() const {
   return options_.bmin + (options_.bmax - options_.bmin) * torch::sigmoid(options_.alpha * gates_);
 }
@@ -154,6 +157,11 @@ torch::Tensor AmaqQuantizer::Regularizer() const {
 double AmaqQuantizer::BetaFor(int64_t step) {
   if (budget_) return budget_->NextBeta(step, AverageBits());
   return step < options_.warmup_steps ? 0.0 : options_.beta;
+}
+
+void AmaqQuantizer::set_step(int64_t step) {
+  step_ = step;
+  beta_now_ = BetaFor(step_);
 }
 
 void AmaqQuantizer::Step() {

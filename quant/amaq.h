@@ -52,6 +52,8 @@ class AmaqQuantizer {
   // codec message: decoding it yields x_hat bit for bit. `encoder` is the activation stream.
   torch::Tensor Quantize(const torch::Tensor& x, Encoder& encoder, Encoded* wire = nullptr);
 
+  // The codec options of its messages (affine, per channel or per token).
+  EncodeOptions WireOptions() const;
   // bmin + (bmax - bmin) * sigmoid(alpha * q), differentiable.
   torch::Tensor ContinuousBits() const;
   // The integer widths for a message of `rows` rows (per-token gates repeat every sequence).
@@ -69,6 +71,8 @@ class AmaqQuantizer {
   const AmaqOptions& options() const { return options_; }
   double current_beta() const { return beta_now_; }
   int64_t step() const { return step_; }
+  // Continues the schedule from `step` (a resumed run).
+  void set_step(int64_t step);
   torch::optim::Adam& optimizer() { return *optimizer_; }
 
  private:

@@ -60,11 +60,10 @@ Encoded AqsgdSender::Encode(const float* x, const std::vector<uint64_t>& ids,
   delta_options.scheme = Scheme::kSymmetric;
   delta_options.granularity = Granularity::kChannel;
   std::vector<float> full_hat(full.size()), delta_hat(delta.size());
-  const Encoded full_part = full_encoder_.Encode(full.data(), rows_of(full), cols, BitsTable{},
-                                                 full_options, full_hat.data());
-  const Encoded delta_part =
-      delta_encoder_.Encode(delta.data(), rows_of(delta), cols, BitsTable::Uniform(options_.bits),
-                            delta_options, delta_hat.data());
+  const Encoded full_part = Encoder().Encode(full.data(), rows_of(full), cols, BitsTable{},
+                                             full_options, full_hat.data());
+  const Encoded delta_part = Encoder().Encode(delta.data(), rows_of(delta), cols,
+                                              BitsTable::Uniform(options_.bits), delta_options, delta_hat.data());
 
   // Update m(id) exactly as the receiver will, and hand back what it will hold.
   size_t full_at = 0, delta_at = 0;
@@ -107,10 +106,10 @@ Encoded AqsgdSender::Encode(const float* x, const std::vector<uint64_t>& ids,
 }
 
 AqsgdReceiver::AqsgdReceiver(AqsgdOptions options, DecodeLimits limits)
-    : cache_(options.cache_memory_bytes, options.spill_dir),
-      full_decoder_(limits), delta_decoder_(limits), limits_(limits) {}
+    : cache_(options.cache_memory_bytes, options.spill_dir), limits_(limits) {}
 
-AqsgdDecoded AqsgdReceiver::Decode(const uint8_t* data, size_t size) {
+AqsgdDecoded AqsgdReceiver::Decode(const uint8_t* data, size_t size, int64_t expected_rows_per_sample,
+                                   int64_t expected_cols) {
   ByteReader r(data, size);
   Require(r.Get<uint32_t>("magic") == kFrameMagic, ErrorCode::kDataLoss,
           "AQ-SGD frame does not start with 'AQSG': it is not an AQ-SGD message");
@@ -128,6 +127,11 @@ AqsgdDecoded AqsgdReceiver::Decode(const uint8_t* data, size_t size) {
           ErrorCode::kResourceExhausted,
           "AQ-SGD frame shape exceeds the decoder's limit of " +
               std::to_string(limits_.max_elements) + " elements");
+  Require((expected_rows_per_sample < 0 || rows_per_sample == static_cast<uint64_t>(expected_rows_per_sample)) &&
+              (expected_cols < 0 || cols == static_cast<uint64_t>(expected_cols)),
+          ErrorCode::kInvalidArgument,
+          "AQ-SGD frame has " + std::to_string(rows_per_sample) + " rows per sample and " + std::to_string(cols) +
+              " columns, not the expected " + std::to_string(expected_rows_per_sample) + " and " + std::to_string(expected_cols));
   Require(uint64_t{samples} * 9 <= r.remaining(), ErrorCode::kDataLoss,
           "AQ-SGD frame ends inside its sample list: it was truncated; resend it");
   std::vector<uint8_t> flags(samples);
@@ -152,8 +156,8 @@ AqsgdDecoded AqsgdReceiver::Decode(const uint8_t* data, size_t size) {
   const auto delta_size = r.Get<uint64_t>("delta_part_size");
   const uint8_t* delta_bytes = r.Take(delta_size, "delta_part");
   Require(r.remaining() == 0, ErrorCode::kDataLoss, "AQ-SGD frame has trailing bytes");
-  const Decoded full = full_decoder_.Decode(full_bytes, full_size);
-  const Decoded delta = delta_decoder_.Decode(delta_bytes, delta_size);
+  const Decoded full = Decoder(limits_).Decode(full_bytes, full_size);
+  const Decoded delta = Decoder(limits_).Decode(delta_bytes, delta_size);
 
   out.rows_per_sample = static_cast<int64_t>(rows_per_sample);
   out.cols = static_cast<int64_t>(cols);

@@ -7,6 +7,8 @@
 //
 // Message (docs/wire-format.md, "AQ-SGD frame"): header, sample ids with a full/delta flag each,
 // then the full part and the delta part as two codec messages (rows of their samples, in order).
+// Each frame is self-contained (its codec parts always carry their one-byte bits tables), so a
+// frame can be resent after a reconnect as it is.
 #pragma once
 
 #include <cstdint>
@@ -38,7 +40,6 @@ class AqsgdSender {
  private:
   AqsgdOptions options_;
   ActivationCache cache_;
-  Encoder full_encoder_, delta_encoder_;
 };
 
 struct AqsgdDecoded {
@@ -54,13 +55,14 @@ class AqsgdReceiver {
   explicit AqsgdReceiver(AqsgdOptions options, DecodeLimits limits = {});
   // Throws amaq::Error: kDataLoss for malformed frames, kFailedPrecondition when a delta arrives
   // for a sample this receiver holds no entry for (it restarted): the sender must then resend
-  // that sample in full. The cache is only changed once the whole frame has been validated.
-  AqsgdDecoded Decode(const uint8_t* data, size_t size);
+  // that sample in full. The cache is only changed once the whole frame has been validated,
+  // including, when given (>= 0), the shape the caller expects.
+  AqsgdDecoded Decode(const uint8_t* data, size_t size, int64_t expected_rows_per_sample = -1,
+                      int64_t expected_cols = -1);
   CacheStats cache_stats() const { return cache_.stats(); }
 
  private:
   ActivationCache cache_;
-  Decoder full_decoder_, delta_decoder_;
   DecodeLimits limits_;
 };
 

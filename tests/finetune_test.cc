@@ -9,34 +9,12 @@
 #include "common/checkpoint.h"
 #include "common/evaluate.h"
 #include "common/sentencepiece_tokenizer.h"
-#include "model_test_util.h"
+#include "tiny_model.h"
 
 namespace amaq {
 namespace {
 
-// A model directory small enough for tests: a 300-piece SentencePiece tokenizer and a tiny model.
-std::string TinyModelDir(const std::string& name) {
-  const std::string dir = testing::TempDir(name);
-  {
-    std::ofstream corpus(dir + "/corpus.txt");
-    for (int i = 0; i < 200; ++i) {
-      corpus << "past tense of walk: walked. past tense of jump: jumped. " << i << " + " << i << " = " << 2 * i << "\n";
-      corpus << "dog: a domesticated animal. oak: a tree. topic: animal plant\n";
-    }
-  }
-  TrainSentencePiece(dir + "/corpus.txt", dir + "/tokenizer", 300);
-  ModelConfig c = testing::TinyConfig();
-  c.vocab_size = 300;
-  ModelPart model(c, PartSpec::Whole(c));
-  {
-    // A trained model's head separates tokens; 0.02-scale random rows cap every logit near 0 and
-    // leave a frozen-base LoRA nothing to steer.
-    torch::NoGradGuard no_grad;
-    model->lm_head.normal_(0, 1);
-  }
-  SaveModel(model, dir);
-  return dir;
-}
+using testing::TinyModelDir;
 
 TEST(Batching, LabelsCoverTheCompletionOnly) {
   const std::string dir = TinyModelDir("batching");
@@ -119,10 +97,7 @@ TEST(Evaluate, AccuracyAndExactMatchCountCorrectly) {
 
 TEST(Finetune, ShortRunLowersTheLoss) {
   const std::string dir = TinyModelDir("finetune");
-  Dataset d;  // "item N:" -> animal / plant by parity
-  d.labels = {"animal", "plant"};
-  for (int i = 0; i < 40; ++i) d.train.push_back({"item " + std::to_string(i) + ":", d.labels[i % 2], i % 2});
-  d.validation = {d.train[0], d.train[1]};
+  const Dataset d = testing::ParityDataset(40);
   FinetuneOptions o;
   o.model_dir = dir;
   o.steps = 60;

@@ -1,0 +1,124 @@
+// SplitClient: the client's half of split training.
+//
+//   each step: take the next batch of this client's private examples (a seeded order, so a
+//   restarted client continues where the server's step counter says), run the embedding and
+//   layers [0, cut) with LoRA, compress the activation at the cut with the run's method (AMAQ's
+//   learned widths, a fixed-bit quantizer, AQ-SGD deltas or a float cast), send it, receive the
+//   loss and the compressed gradient, and backpropagate it into the client's LoRA (and AMAQ gates).
+//
+// Evaluation runs through the server too (scores or next tokens come back). Every step appends a
+// CSV row (bytes up and down as the transport measured them, the codec's payload and metadata,
+// loss, average bits, and the metric when measured) and checkpoints are written every
+// checkpoint_every steps; a reconnect after a broken link retries the step with backoff.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "client/transport.h"
+#include "common/batching.h"
+#include "common/datasets.h"
+#include "common/lora.h"
+#include "common/model.h"
+#include "quant/amaq.h"
+#include "quant/aqsgd.h"
+#include "quant/codec.h"
+#include "quant/method.h"
+
+namespace amaq::client {
+
+struct ClientOptions {
+  std::string client_id = "client-0";
+  std::string model_dir;
+  int64_t cut_layer = 2;
+  std::string method = "bf16";
+  LoraConfig lora;
+  double lr = 2e-3;
+  int64_t steps = 200;
+  int64_t batch = 16;
+  int64_t max_tokens = 64;
+  uint64_t seed = 1;
+  int64_t eval_every = 0;        // 0: evaluate only at the end
+  int64_t eval_examples = 200;
+  int64_t eval_batch = 32;
+  double amaq_alpha = 1.0, amaq_beta = 0.01, amaq_gate_lr = 0.05;
+  int64_t amaq_warmup = 0;
+  uint64_t aqsgd_cache_bytes = uint64_t{1} << 30;
+  std::string aqsgd_spill_dir;
+  std::string csv_path;          // empty: no CSV
+  std::string checkpoint_dir;    // empty: no checkpoints
+  int64_t checkpoint_every = 50;
+  std::string adapter_out;       // empty: no PEFT export at the end
+  double retry_seconds = 120;    // give up on a broken link after this long
+  bool progress = true;
+};
+
+struct StepRecord {
+  int64_t step = 0;
+  float loss = 0;
+  double average_bits = 0;
+  quant::ByteCount up, down;      // codec bytes of this step's activation and gradient
+  uint64_t wire_up = 0, wire_down = 0;  // transport bytes so far
+  double seconds = 0;             // wall time of the step
+  std::optional<double> metric;
+};
+
+class SplitClient {
+ public:
+  // `data` holds this client's training examples and the validation examples it evaluates on.
+  SplitClient(ClientOptions options, Dataset data, Transport& transport);
+  ~SplitClient();
+
+  // Joins, trains up to options.steps (resuming), evaluates, exports the adapter. Returns the
+  // final metric.
+  double Run();
+  // Joins (or rejoins) the server and returns the step to run next.
+  int64_t Join();
+  StepRecord TrainStep(int64_t step);
+  double Evaluate();
+  const std::vector<StepRecord>& records() const { return records_; }
+  double average_bits() const;
+
+ private:
+  Batch BatchFor(int64_t step);
+  std::vector<uint8_t> EncodeActivation(const torch::Tensor& x, const Batch& b, torch::Tensor* upstream,
+                                        quant::ByteCount* count, double* bits);
+  std::vector<uint8_t> EncodeForEvaluation(const torch::Tensor& x);
+  StepResult Exchange(const StepInput& input);
+  void WriteCsv(const StepRecord& r);
+  void SaveCheckpoint(int64_t next_step);
+  int64_t LoadCheckpoint();
+
+  ClientOptions options_;
+  Dataset data_;
+  Transport& transport_;
+  quant::Method method_;
+  ModelConfig config_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<ExampleEncoder> encoder_;
+  ModelPart part_{nullptr};
+  std::unique_ptr<torch::optim::AdamW> optimizer_;
+  std::unique_ptr<quant::AmaqQuantizer> amaq_;
+  std::unique_ptr<quant::AqsgdSender> aqsgd_;
+  // What the pending training activation was encoded from, to encode it again on a fresh stream
+  // after a reconnect (AQ-SGD frames are self-contained and are resent as they are).
+  struct WireSpec {
+    torch::Tensor values;  // fp32, CPU, [rows, hidden]
+    quant::BitsTable bits;
+    quant::EncodeOptions options;
+  };
+  WireSpec pending_;
+  quant::Encoder train_encoder_;
+  quant::Decoder gradient_decoder_;
+  std::string fingerprint_;
+  std::vector<StepRecord> records_;
+  std::ofstream csv_;
+};
+
+}  // namespace amaq::client

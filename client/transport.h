@@ -1,0 +1,24 @@
+// Transport: how a client's Join and steps reach a server. GrpcTransport crosses the network
+// (client/grpc_transport.h); LocalTransport calls a SplitServer in the same process, for tests
+// and for measuring compute without a network. Failures of the link throw amaq::Error
+// (kUnavailable); the server's refusals keep their codes.
+#pragma once
+
+#include <cstdint>
+
+#include "common/split_step.h"
+
+namespace amaq::client {
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  // Returns the server's last applied step of this client (-1: none).
+  virtual int64_t Join(const JoinInfo& info) = 0;
+  virtual StepResult Step(const StepInput& input) = 0;
+  // Bytes sent and received so far, as the transport measures them (the sockets, for gRPC).
+  virtual uint64_t bytes_up() const = 0;
+  virtual uint64_t bytes_down() const = 0;
+};
+
+}  // namespace amaq::client

@@ -1,0 +1,40 @@
+// The messages of one split-training step as both sides handle them, independent of how they
+// travel (gRPC in deployments, a direct call in tests). proto/amaq/v1/split_training.proto carries
+// exactly these fields, chunked.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace amaq {
+
+enum class StepKind { kTrain = 0, kScore = 1, kNextToken = 2 };
+
+struct JoinInfo {
+  std::string client_id;
+  std::string fingerprint;
+  int64_t cut_layer = 0;
+  std::string method;
+};
+
+struct StepInput {
+  int64_t step_id = 0;
+  StepKind kind = StepKind::kTrain;
+  std::vector<uint64_t> sample_ids;
+  int64_t batch = 0, tokens = 0;
+  std::vector<int32_t> mask, labels;  // batch * tokens each
+  std::vector<uint8_t> activation;    // codec message (or AQ-SGD frame)
+};
+
+struct StepResult {
+  int64_t step_id = 0;
+  float loss = 0;
+  bool duplicate = false;             // applied before: the stored answer, not applied again
+  std::vector<float> scores;          // kScore
+  std::vector<int64_t> next_tokens;   // kNextToken
+  std::vector<uint8_t> gradient;      // codec message (kTrain)
+  double average_bits = 0;            // of the activation, as the server decoded it
+};
+
+}  // namespace amaq

@@ -1,0 +1,342 @@
+#include "server/split_server.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <sstream>
+
+#include "common/atomic_file.h"
+#include "common/checkpoint.h"
+#include "common/error.h"
+#include "common/evaluate.h"
+
+namespace amaq::server {
+
+struct SplitServer::LoraState {
+  std::vector<torch::Tensor> values;
+  std::unique_ptr<torch::optim::AdamW> optimizer;
+};
+
+struct SplitServer::Session {
+  std::string client_id;
+  std::string method_text;
+  quant::Method method;
+  quant::Decoder decoder;                // activation stream of training steps
+  quant::Encoder encoder;                // gradient stream
+  std::unique_ptr<quant::AqsgdReceiver> aqsgd;
+  std::unique_ptr<LoraState> own;        // per-client LoRA (null when shared)
+  int64_t last_applied = -1;
+  std::optional<StepResult> last_reply;
+  quant::BitsTable last_decoded_bits;  // of the training activation being answered
+  quant::Granularity last_decoded_granularity = quant::Granularity::kChannel;
+  ClientStats stats;
+};
+
+namespace {
+
+torch::Device PickDevice(const std::string& wanted) {
+  if (wanted == "cuda" || (wanted == "auto" && torch::cuda::is_available())) {
+    Require(torch::cuda::is_available(), ErrorCode::kFailedPrecondition,
+            "device 'cuda' was asked for but this LibTorch has no CUDA or no GPU is visible: "
+            "set device: cpu, or build against a CUDA LibTorch (-DTorch_DIR=...)");
+    return torch::Device(torch::kCUDA, 0);
+  }
+  Require(wanted == "auto" || wanted == "cpu", ErrorCode::kInvalidArgument,
+          "device must be auto, cpu or cuda, got '" + wanted + "'");
+  return torch::Device(torch::kCPU);
+}
+
+std::string CheckpointPath(const ServerOptions& o) { return o.checkpoint_dir + "/server.pt"; }
+
+}  // namespace
+
+SplitServer::SplitServer(ServerOptions options) : options_(std::move(options)) {
+  config_ = ModelConfig::Load(options_.model_dir + "/config.json");
+  Require(options_.cut_layer >= 0 && options_.cut_layer <= config_.num_hidden_layers, ErrorCode::kInvalidArgument,
+          "cut_layer " + std::to_string(options_.cut_layer) + " lies outside the model's " +
+              std::to_string(config_.num_hidden_layers) + " layers: choose 0.." +
+              std::to_string(config_.num_hidden_layers));
+  device_ = PickDevice(options_.device);
+  device_name_ = device_.is_cuda() ? "cuda:0" : "cpu";
+  fingerprint_ = ModelFingerprint(options_.model_dir, options_.cut_layer);
+  torch::manual_seed(options_.seed);
+  part_ = ModelPart(config_, PartSpec::Server(config_, options_.cut_layer));
+  LoadPartWeights(part_, options_.model_dir);
+  part_->AddLora(options_.lora, options_.seed);
+  part_->to(device_);
+  lora_params_ = part_->TrainableParameters();
+  for (const auto& p : lora_params_) initial_lora_.push_back(p.detach().clone());
+  if (options_.shared_lora) shared_ = NewLoraState();
+  if (!options_.checkpoint_dir.empty()) {
+    std::filesystem::create_directories(options_.checkpoint_dir);
+    if (std::filesystem::exists(CheckpointPath(options_))) LoadCheckpoint();
+  }
+  spdlog::info("server part: layers [{}, {}) + head of {} on {}, {} LoRA tensors, fingerprint {}",
+               options_.cut_layer, config_.num_hidden_layers, options_.model_dir, device_name_,
+               lora_params_.size(), fingerprint_);
+}
+
+SplitServer::~SplitServer() = default;
+
+std::unique_ptr<SplitServer::LoraState> SplitServer::NewLoraState() {
+  auto lora = std::make_unique<LoraState>();
+  for (const auto& t : initial_lora_) lora->values.push_back(t.clone());
+  Activate(*lora);
+  lora->optimizer = std::make_unique<torch::optim::AdamW>(lora_params_, torch::optim::AdamWOptions(options_.lr).weight_decay(0.0));
+  return lora;
+}
+
+void SplitServer::Activate(LoraState& lora) {
+  for (size_t i = 0; i < lora_params_.size(); ++i) lora_params_[i].set_data(lora.values[i]);
+}
+
+int64_t SplitServer::Join(const std::string& client_id, const std::string& fingerprint, int64_t cut_layer,
+                          const std::string& method) {
+  Require(!client_id.empty() && client_id.size() <= 128, ErrorCode::kInvalidArgument,
+          "client_id must be 1..128 characters");
+  Require(cut_layer == options_.cut_layer, ErrorCode::kFailedPrecondition,
+          "client splits at layer " + std::to_string(cut_layer) + " but this server runs from layer " +
+              std::to_string(options_.cut_layer) + ": set the same cut_layer on both sides");
+  Require(fingerprint == fingerprint_, ErrorCode::kFailedPrecondition,
+          "the client's model (fingerprint " + fingerprint + ") differs from the server's (" + fingerprint_ +
+              "): give both sides the same base model directory");
+  const quant::Method parsed = quant::Method::Parse(method);
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = sessions_.find(client_id);
+  if (it == sessions_.end()) {
+    auto session = std::make_unique<Session>();
+    session->client_id = client_id;
+    if (!options_.shared_lora) session->own = NewLoraState();
+    it = sessions_.emplace(client_id, std::move(session)).first;
+  }
+  Session& s = *it->second;
+  Require(s.method_text.empty() || s.method_text == parsed.ToString(), ErrorCode::kInvalidArgument,
+          "client " + client_id + " trained with method " + s.method_text + " and now asks for " + parsed.ToString() +
+              ": keep the method, or use a new client_id");
+  s.method = parsed;
+  s.method_text = parsed.ToString();
+  // A (re)joining client starts fresh codec streams; AQ-SGD caches survive reconnects.
+  s.decoder.Reset();
+  s.encoder.Reset();
+  s.last_reply.reset();
+  if (parsed.kind == quant::Method::Kind::kAqsgd && !s.aqsgd) {
+    quant::AqsgdOptions a;
+    a.bits = parsed.bits;
+    a.cache_memory_bytes = options_.aqsgd_cache_bytes;
+    a.spill_dir = options_.aqsgd_spill_dir.empty() ? "" : options_.aqsgd_spill_dir + "/" + client_id;
+    s.aqsgd = std::make_unique<quant::AqsgdReceiver>(a);
+  }
+  spdlog::info("client {} joined: method {}, last applied step {}", client_id, s.method_text, s.last_applied);
+  return s.last_applied;
+}
+
+SplitServer::Session& SplitServer::SessionOf(const std::string& client_id) {
+  const auto it = sessions_.find(client_id);
+  Require(it != sessions_.end() && !it->second->method_text.empty(), ErrorCode::kFailedPrecondition,
+          "client " + client_id + " has not joined: call Join first");
+  return *it->second;
+}
+
+torch::Tensor SplitServer::Decode(Session& s, const StepInput& in) {
+  const int64_t rows = in.batch * in.tokens;
+  std::vector<float> values;
+  double average_bits = 0;
+  if (s.method.kind == quant::Method::Kind::kAqsgd && in.kind == StepKind::kTrain) {
+    Require(static_cast<int64_t>(in.sample_ids.size()) == in.batch, ErrorCode::kInvalidArgument,
+            "AQ-SGD steps need one sample id per sequence");
+    quant::AqsgdDecoded d = s.aqsgd->Decode(in.activation.data(), in.activation.size(),
+                                            /*expected_rows_per_sample=*/in.tokens, /*expected_cols=*/config_.hidden_size);
+    Require(d.ids == in.sample_ids, ErrorCode::kInvalidArgument,
+            "the AQ-SGD frame's sample ids differ from the step's");
+    values = std::move(d.values);
+    s.stats.activation_bytes += d.count.total();
+  } else {
+    quant::Decoder stateless;  // evaluation messages carry their own bits tables
+    quant::Decoder& decoder = in.kind == StepKind::kTrain ? s.decoder : stateless;
+    quant::Decoded d;
+    decoder.Decode(in.activation.data(), in.activation.size(), &d);
+    Require(d.rows == rows && d.cols == config_.hidden_size, ErrorCode::kInvalidArgument,
+            "activation is [" + std::to_string(d.rows) + ", " + std::to_string(d.cols) + "] but the step says [" +
+                std::to_string(rows) + ", " + std::to_string(config_.hidden_size) + "] (batch x tokens, hidden)");
+    average_bits = d.bits.bits.empty() ? (d.scheme == quant::Scheme::kFloat32 ? 32 : 16) : d.bits.AverageBits(d.rows, d.cols);
+    values = std::move(d.values);
+    s.stats.activation_bytes += d.count.total();
+    if (in.kind == StepKind::kTrain) {
+      s.stats.average_bits = average_bits;
+      s.last_decoded_bits = d.bits;
+      s.last_decoded_granularity = d.granularity;
+    }
+  }
+  auto* owned = new std::vector<float>(std::move(values));
+  return torch::from_blob(owned->data(), {in.batch, in.tokens, config_.hidden_size},
+                          [owned](void*) { delete owned; }, torch::kFloat);
+}
+
+StepResult SplitServer::Step(const std::string& client_id, const StepInput& in) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto started = std::chrono::steady_clock::now();
+  Session& s = SessionOf(client_id);
+  const int64_t n = in.batch * in.tokens;
+  Require(in.batch > 0 && in.tokens > 0 && n <= options_.max_batch_tokens, ErrorCode::kInvalidArgument,
+          "step shape batch " + std::to_string(in.batch) + " x tokens " + std::to_string(in.tokens) +
+              " is empty or above the server's max_batch_tokens " + std::to_string(options_.max_batch_tokens));
+  Require(static_cast<int64_t>(in.mask.size()) == n && static_cast<int64_t>(in.labels.size()) == n,
+          ErrorCode::kInvalidArgument, "attention_mask and labels must have batch x tokens entries");
+  for (int64_t i = 0; i < n; ++i) {
+    Require(in.mask[i] == 0 || in.mask[i] == 1, ErrorCode::kInvalidArgument, "attention_mask entries must be 0 or 1");
+    Require(in.labels[i] == -100 || (in.labels[i] >= 0 && in.labels[i] < config_.vocab_size),
+            ErrorCode::kInvalidArgument, "label " + std::to_string(in.labels[i]) + " is not -100 or a token id");
+  }
+  bool duplicate = false;
+  if (in.kind == StepKind::kTrain) {
+    if (in.step_id == s.last_applied && s.last_reply) return *s.last_reply;  // a retry: the stored reply
+    Require(in.step_id <= s.last_applied + 1, ErrorCode::kFailedPrecondition,
+            "client " + client_id + " sent step " + std::to_string(in.step_id) + " but the server applied up to " +
+                std::to_string(s.last_applied) + ": resume from step " + std::to_string(s.last_applied + 1));
+    duplicate = in.step_id <= s.last_applied;  // applied before a restart: answer, do not apply
+  }
+
+  const torch::Tensor cpu_mask = torch::from_blob(const_cast<int32_t*>(in.mask.data()), {in.batch, in.tokens}, torch::kInt).to(torch::kLong);
+  const torch::Tensor cpu_labels = torch::from_blob(const_cast<int32_t*>(in.labels.data()), {in.batch, in.tokens}, torch::kInt).to(torch::kLong);
+  const torch::Tensor activation = Decode(s, in);
+  LoraState& lora = s.own ? *s.own : *shared_;
+  Activate(lora);
+  const torch::Tensor mask = cpu_mask.to(device_), labels = cpu_labels.to(device_);
+  const auto dtype = part_->lm_head.scalar_type();
+
+  StepResult result;
+  result.step_id = in.step_id;
+  result.duplicate = duplicate;
+  result.average_bits = s.stats.average_bits;
+  if (in.kind != StepKind::kTrain) {
+    torch::NoGradGuard no_grad;
+    part_->eval();
+    const torch::Tensor logits = part_(activation.to(device_, dtype), mask);
+    if (in.kind == StepKind::kScore) {
+      const torch::Tensor scores = SequenceLogProbs(logits, labels).to(torch::kCPU, torch::kFloat).contiguous();
+      result.scores.assign(scores.data_ptr<float>(), scores.data_ptr<float>() + scores.numel());
+    } else {
+      const torch::Tensor next = LastTokenArgmax(logits, mask).to(torch::kCPU).contiguous();
+      result.next_tokens.assign(next.data_ptr<int64_t>(), next.data_ptr<int64_t>() + next.numel());
+    }
+    return result;
+  }
+
+  part_->train();
+  const torch::Tensor x = activation.to(device_, dtype).detach().requires_grad_(true);
+  const torch::Tensor loss = NextTokenLoss(part_(x, mask), labels);
+  result.loss = loss.item<float>();
+  Require(std::isfinite(result.loss), ErrorCode::kInvalidArgument,
+          "the loss of step " + std::to_string(in.step_id) + " is not finite: training diverged; lower the learning rates");
+  lora.optimizer->zero_grad();
+  loss.backward();
+  const torch::Tensor grad = x.grad().reshape({n, config_.hidden_size}).to(torch::kCPU, torch::kFloat).contiguous();
+  quant::Decoded shape;
+  shape.bits = s.last_decoded_bits;
+  shape.granularity = s.last_decoded_granularity;
+  const quant::Encoded encoded = s.encoder.Encode(grad.data_ptr<float>(), n, config_.hidden_size,
+                                                  s.method.GradientBits(shape), s.method.GradientOptions(shape));
+  if (!duplicate) lora.optimizer->step();
+  result.gradient = encoded.bytes;
+  s.stats.gradient_bytes += encoded.bytes.size();
+  s.stats.last_loss = result.loss;
+  s.stats.last_step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  if (!duplicate) {
+    s.last_applied = in.step_id;
+    ++s.stats.steps;
+  }
+  s.last_reply = result;
+  s.last_reply->duplicate = true;
+  return result;
+}
+
+std::map<std::string, ClientStats> SplitServer::Stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::map<std::string, ClientStats> out;
+  for (const auto& [id, s] : sessions_) out[id] = s->stats;
+  return out;
+}
+
+namespace {
+
+void SaveLora(torch::serialize::OutputArchive& archive, const std::string& prefix, const std::vector<torch::Tensor>& values,
+              torch::optim::AdamW& optimizer) {
+  for (size_t i = 0; i < values.size(); ++i) archive.write(prefix + ".lora." + std::to_string(i), values[i].to(torch::kCPU));
+  torch::serialize::OutputArchive opt;
+  optimizer.save(opt);
+  archive.write(prefix + ".optimizer", opt);
+}
+
+}  // namespace
+
+void SplitServer::Checkpoint() {
+  if (options_.checkpoint_dir.empty()) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  torch::serialize::OutputArchive archive;
+  std::string clients;
+  for (const auto& [id, s] : sessions_) {
+    clients += id + "\n";
+    archive.write("client." + id + ".method", c10::IValue(s->method_text));
+    archive.write("client." + id + ".last_applied", torch::tensor(s->last_applied));
+    if (s->own) {
+      Activate(*s->own);
+      SaveLora(archive, "client." + id, s->own->values, *s->own->optimizer);
+    }
+  }
+  archive.write("clients", c10::IValue(clients));
+  if (shared_) {
+    Activate(*shared_);
+    SaveLora(archive, "shared", shared_->values, *shared_->optimizer);
+  }
+  std::ostringstream bytes;
+  archive.save_to(bytes);
+  WriteFileAtomically(CheckpointPath(options_), bytes.str());
+}
+
+void SplitServer::LoadCheckpoint() {
+  const std::string path = CheckpointPath(options_);
+  torch::serialize::InputArchive archive;
+  try {
+    archive.load_from(path);
+  } catch (const c10::Error& e) {
+    throw Error(ErrorCode::kDataLoss, path + ": server checkpoint is unreadable (" + e.what_without_backtrace() +
+                                          "): move it away to start fresh");
+  }
+  const auto load_lora = [&](const std::string& prefix, LoraState& lora) {
+    for (size_t i = 0; i < lora.values.size(); ++i) {
+      torch::Tensor t;
+      archive.read(prefix + ".lora." + std::to_string(i), t);
+      lora.values[i].copy_(t);
+    }
+    Activate(lora);
+    torch::serialize::InputArchive opt;
+    archive.read(prefix + ".optimizer", opt);
+    lora.optimizer->load(opt);
+  };
+  c10::IValue clients;
+  archive.read("clients", clients);
+  std::istringstream ids(clients.toStringRef());
+  for (std::string id; std::getline(ids, id);) {
+    auto s = std::make_unique<Session>();
+    s->client_id = id;
+    c10::IValue method;
+    archive.read("client." + id + ".method", method);
+    s->method_text = method.toStringRef();
+    s->method = quant::Method::Parse(s->method_text);
+    torch::Tensor last;
+    archive.read("client." + id + ".last_applied", last);
+    s->last_applied = last.item<int64_t>();
+    s->stats.steps = s->last_applied + 1;
+    if (!options_.shared_lora) {
+      s->own = NewLoraState();
+      load_lora("client." + id, *s->own);
+    }
+    sessions_.emplace(id, std::move(s));
+  }
+  if (shared_) load_lora("shared", *shared_);
+  spdlog::info("resumed {} client sessions from {}", sessions_.size(), path);
+}
+
+}  // namespace amaq::server

@@ -1,0 +1,98 @@
+// SplitServer: the server's half of split training, independent of the network layer.
+//
+// It holds layers [cut, L), the final norm and the head of a Hugging Face model, with LoRA, on the
+// configured device. Each joined client has a session: its quantization method, its codec streams
+// (and AQ-SGD cache), its step counter and the reply of its last step; and either its own server
+// LoRA with its own optimizer or a share of one LoRA common to all clients. A TRAIN step decodes
+// the activation, runs forward, loss and backward, steps the optimizer, and encodes the gradient at
+// the cut; evaluation steps return scores or next tokens. Steps are applied once: a repeated step id
+// returns the stored reply; a gap is refused. Every malformed request throws amaq::Error before any
+// state changes. Steps run one at a time (one model, one device).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/lora.h"
+#include "common/model.h"
+#include "common/split_step.h"
+#include "quant/activation_cache.h"
+#include "quant/aqsgd.h"
+#include "quant/codec.h"
+#include "quant/method.h"
+
+namespace amaq::server {
+
+struct ServerOptions {
+  std::string model_dir;
+  int64_t cut_layer = 2;
+  std::string device = "auto";  // auto | cpu | cuda
+  LoraConfig lora;
+  double lr = 2e-3;
+  bool shared_lora = false;
+  std::string checkpoint_dir;    // empty: no checkpoints
+  int64_t max_batch_tokens = 65536;
+  uint64_t aqsgd_cache_bytes = uint64_t{1} << 30;
+  std::string aqsgd_spill_dir;
+  uint64_t seed = 1;
+};
+
+struct ClientStats {
+  int64_t steps = 0;             // TRAIN steps applied
+  uint64_t activation_bytes = 0; // codec bytes received
+  uint64_t gradient_bytes = 0;   // codec bytes sent
+  float last_loss = 0;
+  double average_bits = 0;
+  double last_step_seconds = 0;
+};
+
+class SplitServer {
+ public:
+  explicit SplitServer(ServerOptions options);
+  ~SplitServer();
+
+  // XXH3 of config.json, the checkpoint's safetensors headers and the cut: equal on both sides
+  // exactly when they hold the same base model split at the same layer.
+  const std::string& fingerprint() const { return fingerprint_; }
+  const std::string& device() const { return device_name_; }
+
+  // Registers (or resumes) a client; returns its last applied step (-1: none). Throws amaq::Error
+  // (kFailedPrecondition) when the fingerprint or the cut differ, (kInvalidArgument) for a bad
+  // method or a method different from the one the client trained with before.
+  int64_t Join(const std::string& client_id, const std::string& fingerprint, int64_t cut_layer,
+               const std::string& method);
+  StepResult Step(const std::string& client_id, const StepInput& input);
+  // Writes every session's server-side state atomically (no-op without a checkpoint_dir).
+  void Checkpoint();
+  std::map<std::string, ClientStats> Stats() const;
+
+ private:
+  struct LoraState;
+  struct Session;
+  Session& SessionOf(const std::string& client_id);
+  torch::Tensor Decode(Session& s, const StepInput& in);
+  void Activate(LoraState& lora);
+  std::unique_ptr<LoraState> NewLoraState();
+  void LoadCheckpoint();
+
+  ServerOptions options_;
+  ModelConfig config_;
+  torch::Device device_{torch::kCPU};
+  std::string device_name_;
+  std::string fingerprint_;
+  ModelPart part_{nullptr};
+  std::vector<torch::Tensor> lora_params_;  // the module's LoRA tensors, pointed at a LoraState
+  std::vector<torch::Tensor> initial_lora_; // their seeded initial values: every new client's start
+  std::unique_ptr<LoraState> shared_;
+  std::map<std::string, std::unique_ptr<Session>> sessions_;
+  mutable std::mutex mutex_;  // one step at a time; guards sessions_
+};
+
+}  // namespace amaq::server
