@@ -249,6 +249,7 @@ StepResult SplitServer::Step(const std::string& client_id, const StepInput& in) 
   }
   s.last_reply = result;
   s.last_reply->duplicate = true;
+  if (!duplicate && ++applied_since_checkpoint_ >= options_.checkpoint_every) CheckpointLocked();
   return result;
 }
 
@@ -272,8 +273,13 @@ void SaveLora(torch::serialize::OutputArchive& archive, const std::string& prefi
 }  // namespace
 
 void SplitServer::Checkpoint() {
-  if (options_.checkpoint_dir.empty()) return;
   std::lock_guard<std::mutex> lock(mutex_);
+  CheckpointLocked();
+}
+
+void SplitServer::CheckpointLocked() {
+  if (options_.checkpoint_dir.empty()) return;
+  applied_since_checkpoint_ = 0;
   torch::serialize::OutputArchive archive;
   std::string clients;
   for (const auto& [id, s] : sessions_) {

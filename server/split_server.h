@@ -38,6 +38,7 @@ struct ServerOptions {
   double lr = 2e-3;
   bool shared_lora = false;
   std::string checkpoint_dir;    // empty: no checkpoints
+  int64_t checkpoint_every = 100;  // applied training steps (all clients) between checkpoints
   int64_t max_batch_tokens = 65536;
   uint64_t aqsgd_cache_bytes = uint64_t{1} << 30;
   std::string aqsgd_spill_dir;
@@ -81,6 +82,7 @@ class SplitServer {
   void Activate(LoraState& lora);
   std::unique_ptr<LoraState> NewLoraState();
   void LoadCheckpoint();
+  void CheckpointLocked();
 
   ServerOptions options_;
   ModelConfig config_;
@@ -92,6 +94,7 @@ class SplitServer {
   std::vector<torch::Tensor> initial_lora_; // their seeded initial values: every new client's start
   std::unique_ptr<LoraState> shared_;
   std::map<std::string, std::unique_ptr<Session>> sessions_;
+  int64_t applied_since_checkpoint_ = 0;
   mutable std::mutex mutex_;  // one step at a time; guards sessions_
 };
 

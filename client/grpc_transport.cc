@@ -1,0 +1,141 @@
+#include "client/grpc_transport.h"
+
+#include <chrono>
+
+#include "common/error.h"
+
+namespace amaq::client {
+
+using amaq::v1::StepReply;
+using amaq::v1::StepRequest;
+
+Error ToError(const grpc::Status& status, const std::string& what) {
+  ErrorCode code = ErrorCode::kInternal;
+  switch (status.error_code()) {
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+    case grpc::StatusCode::CANCELLED:
+    case grpc::StatusCode::ABORTED: code = ErrorCode::kUnavailable; break;
+    case grpc::StatusCode::INVALID_ARGUMENT: code = ErrorCode::kInvalidArgument; break;
+    case grpc::StatusCode::DATA_LOSS: code = ErrorCode::kDataLoss; break;
+    case grpc::StatusCode::FAILED_PRECONDITION: code = ErrorCode::kFailedPrecondition; break;
+    case grpc::StatusCode::UNAUTHENTICATED:
+    case grpc::StatusCode::PERMISSION_DENIED: code = ErrorCode::kUnauthenticated; break;
+    case grpc::StatusCode::RESOURCE_EXHAUSTED: code = ErrorCode::kResourceExhausted; break;
+    case grpc::StatusCode::NOT_FOUND: code = ErrorCode::kNotFound; break;
+    default: break;
+  }
+  return Error(code, what + ": " + status.error_message() + " (gRPC status " + std::to_string(status.error_code()) + ")");
+}
+
+GrpcTransport::GrpcTransport(GrpcOptions options) : options_(std::move(options)) {
+  const auto [host, port] = SplitHostPort(options_.server, "server");
+  std::string target = options_.server;
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  args.SetMaxSendMessageSize(64 << 20);
+  if (options_.meter) {
+    relay_ = std::make_unique<TcpRelay>(host, port);
+    target = relay_->address();
+  }
+  const std::string tls_name = options_.server_name.empty() ? host : options_.server_name;
+  if (!options_.insecure) args.SetSslTargetNameOverride(tls_name);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  channel_ = grpc::CreateCustomChannel(target, MakeChannelCredentials(options_.tls, options_.insecure), args);
+  stub_ = amaq::v1::SplitTraining::NewStub(channel_);
+}
+
+GrpcTransport::~GrpcTransport() { CloseStream(); }
+
+void GrpcTransport::Authorize(grpc::ClientContext* context) const {
+  if (!options_.token.empty()) context->AddMetadata("authorization", "Bearer " + options_.token);
+  context->AddMetadata("x-amaq-client", client_id_);
+}
+
+void GrpcTransport::CloseStream() {
+  if (!stream_) return;
+  stream_context_->TryCancel();
+  stream_->Finish();
+  stream_.reset();
+  stream_context_.reset();
+}
+
+int64_t GrpcTransport::Join(const JoinInfo& info) {
+  CloseStream();
+  client_id_ = info.client_id;
+  amaq::v1::JoinRequest request;
+  request.set_client_id(info.client_id);
+  request.set_model_fingerprint(info.fingerprint);
+  request.set_cut_layer(static_cast<int32_t>(info.cut_layer));
+  request.set_method(info.method);
+  amaq::v1::JoinReply reply;
+  grpc::ClientContext context;
+  Authorize(&context);
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::milliseconds(static_cast<int64_t>(options_.call_timeout_seconds * 1000)));
+  const grpc::Status status = stub_->Join(&context, request, &reply);
+  if (!status.ok()) throw ToError(status, "joining " + options_.server);
+  message_up_ += request.ByteSizeLong();
+  message_down_ += reply.ByteSizeLong();
+  if (reply.max_chunk_bytes() > 0) max_chunk_bytes_ = reply.max_chunk_bytes();
+  return reply.last_applied_step();
+}
+
+StepResult GrpcTransport::Step(const StepInput& input) {
+  if (!stream_) {
+    stream_context_ = std::make_unique<grpc::ClientContext>();
+    Authorize(stream_context_.get());
+    stream_ = stub_->Steps(stream_context_.get());
+  }
+  const auto fail = [&](const std::string& what) -> Error {
+    const grpc::Status status = stream_->Finish();
+    stream_.reset();
+    stream_context_.reset();
+    return status.ok() ? Error(ErrorCode::kUnavailable, what + ": the server closed the stream") : ToError(status, what);
+  };
+  const size_t chunk = static_cast<size_t>(max_chunk_bytes_);
+  const size_t count = std::max<size_t>(1, (input.activation.size() + chunk - 1) / chunk);
+  for (size_t i = 0; i < count; ++i) {
+    StepRequest request;
+    request.set_step_id(input.step_id);
+    request.set_kind(static_cast<StepRequest::Kind>(input.kind));
+    request.set_chunk_index(static_cast<int>(i));
+    request.set_chunk_count(static_cast<int>(count));
+    if (i == 0) {
+      *request.mutable_sample_ids() = {input.sample_ids.begin(), input.sample_ids.end()};
+      request.set_batch(static_cast<int32_t>(input.batch));
+      request.set_tokens(static_cast<int32_t>(input.tokens));
+      *request.mutable_attention_mask() = {input.mask.begin(), input.mask.end()};
+      *request.mutable_labels() = {input.labels.begin(), input.labels.end()};
+    }
+    const size_t begin = i * chunk, end = std::min(input.activation.size(), begin + chunk);
+    if (begin < end) request.set_payload(input.activation.data() + begin, end - begin);
+    message_up_ += request.ByteSizeLong();
+    if (!stream_->Write(request)) throw fail("sending step " + std::to_string(input.step_id));
+  }
+  StepResult result;
+  StepReply reply;
+  for (int i = 0, total = 1; i < total; ++i) {
+    if (!stream_->Read(&reply)) throw fail("receiving step " + std::to_string(input.step_id));
+    message_down_ += reply.ByteSizeLong();
+    if (i == 0) {
+      total = std::max(1, reply.chunk_count());
+      result.step_id = reply.step_id();
+      result.loss = reply.loss();
+      result.duplicate = reply.duplicate();
+      result.average_bits = reply.average_bits();
+      result.scores.assign(reply.scores().begin(), reply.scores().end());
+      result.next_tokens.assign(reply.next_tokens().begin(), reply.next_tokens().end());
+    }
+    Require(reply.chunk_index() == i && reply.step_id() == input.step_id, ErrorCode::kDataLoss,
+            "the server's reply chunks are out of order: rejoin");
+    result.gradient.insert(result.gradient.end(), reply.payload().begin(), reply.payload().end());
+  }
+  return result;
+}
+
+uint64_t GrpcTransport::bytes_up() const { return relay_ ? relay_->bytes_up() : message_up_; }
+uint64_t GrpcTransport::bytes_down() const { return relay_ ? relay_->bytes_down() : message_down_; }
+
+}  // namespace amaq::client

@@ -1,0 +1,60 @@
+// GrpcTransport: a client's Transport over gRPC with TLS (client/transport.h). Steps travel on one
+// bidirectional stream, chunked below max_chunk_bytes; a broken stream throws amaq::Error
+// (kUnavailable) and the next Join opens a fresh one. With `meter` on (the default) the channel
+// runs through a local TcpRelay, so bytes_up/bytes_down are the bytes that crossed the socket.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+
+#include "amaq/v1/split_training.grpc.pb.h"
+#include "client/transport.h"
+#include "common/error.h"
+#include "common/tcp_relay.h"
+#include "common/tls.h"
+
+namespace amaq::client {
+
+struct GrpcOptions {
+  std::string server = "localhost:50051";
+  TlsFiles tls;
+  bool insecure = false;
+  std::string server_name;  // TLS name to verify when it differs from the host in `server`
+  std::string token;        // bearer token
+  bool meter = true;
+  double call_timeout_seconds = 60;
+};
+
+class GrpcTransport : public Transport {
+ public:
+  explicit GrpcTransport(GrpcOptions options);
+  ~GrpcTransport() override;
+  int64_t Join(const JoinInfo& info) override;
+  StepResult Step(const StepInput& input) override;
+  uint64_t bytes_up() const override;
+  uint64_t bytes_down() const override;
+  // The relay in front of the channel (null without metering): tests use it to break the link.
+  TcpRelay* relay() { return relay_.get(); }
+
+ private:
+  void Authorize(grpc::ClientContext* context) const;
+  void CloseStream();
+
+  GrpcOptions options_;
+  std::string client_id_;
+  std::unique_ptr<TcpRelay> relay_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<amaq::v1::SplitTraining::Stub> stub_;
+  std::unique_ptr<grpc::ClientContext> stream_context_;
+  std::unique_ptr<grpc::ClientReaderWriter<amaq::v1::StepRequest, amaq::v1::StepReply>> stream_;
+  int max_chunk_bytes_ = 1 << 20;
+  uint64_t message_up_ = 0, message_down_ = 0;  // protobuf bytes, when not metering
+};
+
+// gRPC status -> amaq::Error with the same meaning (UNAVAILABLE, DEADLINE_EXCEEDED, CANCELLED and
+// ABORTED become kUnavailable: worth a retry).
+Error ToError(const grpc::Status& status, const std::string& what);
+
+}  // namespace amaq::client

@@ -1,0 +1,82 @@
+// The gRPC face of a SplitServer (proto/amaq/v1/split_training.proto), on gRPC's callback API.
+//
+// Every call is authenticated first (TokenStore); a Join binds the token's client id to a session.
+// Steps is one bidirectional stream per client: request chunks are reassembled (chunk counts and
+// sizes are bounded), complete steps go to a compute queue served by one worker thread (the model
+// is shared), and replies are written back in chunks. A malformed step ends that client's stream
+// with the error's status (the client reconnects); other clients are not affected.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "amaq/v1/split_training.grpc.pb.h"
+#include "server/split_server.h"
+#include "server/token_store.h"
+
+namespace amaq::server {
+
+struct ServiceOptions {
+  int max_chunk_bytes = 1 << 20;
+  int max_chunks = 4096;  // a step larger than max_chunk_bytes * max_chunks is refused
+  std::string server_id = "amaq-server";
+};
+
+// Per-client traffic as the service sees it: serialized protobuf bytes of every message.
+struct Traffic {
+  uint64_t bytes_up = 0, bytes_down = 0;
+  bool connected = false;
+};
+
+class SplitTrainingService final : public amaq::v1::SplitTraining::CallbackService {
+ public:
+  SplitTrainingService(SplitServer& server, TokenStore& tokens, ServiceOptions options);
+  ~SplitTrainingService() override;
+
+  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context, const amaq::v1::JoinRequest* request,
+                                 amaq::v1::JoinReply* reply) override;
+  grpc::ServerBidiReactor<amaq::v1::StepRequest, amaq::v1::StepReply>* Steps(grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* SyncAdapters(grpc::CallbackServerContext* context, const amaq::v1::AdapterUpload* request,
+                                         amaq::v1::AdapterAverage* reply) override;
+  grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* context, const amaq::v1::StatusRequest* request,
+                                   amaq::v1::StatusReply* reply) override;
+
+  // Runs fn on the compute thread.
+  void Post(std::function<void()> fn);
+  std::map<std::string, Traffic> traffic() const;
+  void CountTraffic(const std::string& client, uint64_t up, uint64_t down);
+  void SetConnected(const std::string& client, bool connected);
+
+  // The client a call acts as, or an UNAUTHENTICATED status.
+  grpc::Status Authenticate(const grpc::CallbackServerContext* context, std::string* client) ;
+
+  SplitServer& server() { return server_; }
+  const ServiceOptions& options() const { return options_; }
+
+ private:
+  SplitServer& server_;
+  TokenStore& tokens_;
+  ServiceOptions options_;
+  mutable std::mutex traffic_mutex_;
+  std::map<std::string, Traffic> traffic_;
+  std::map<std::string, std::map<std::string, std::vector<float>>> adapters_;  // client -> name -> values
+  std::mutex adapters_mutex_;
+  std::mutex queue_mutex_;
+  std::condition_variable queue_ready_;
+  std::deque<std::function<void()>> queue_;
+  bool stopping_ = false;
+  std::thread worker_;
+};
+
+// amaq::Error codes map one to one onto gRPC status codes.
+grpc::Status ToStatus(const std::exception& e);
+
+}  // namespace amaq::server

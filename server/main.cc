@@ -1,0 +1,155 @@
+// amaq-server: serves the layers [cut, L) of a model to split-training clients over gRPC with TLS.
+// Settings: --config server.yaml and/or --key value flags (docs/configuration.md). SIGINT/SIGTERM
+// drain the steps in flight, write a checkpoint and exit.
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "common/config.h"
+#include "common/error.h"
+#include "common/lora_keys.h"
+#include "common/tls.h"
+#include "server/grpc_service.h"
+#include "server/metrics_http.h"
+#include "server/split_server.h"
+#include "server/token_store.h"
+
+using namespace amaq;
+
+namespace {
+
+Config ServerConfig() {
+  Config c("amaq-server");
+  c.AddString("listen", "0.0.0.0:50051", "address and port to serve gRPC on (port 0: any free port)");
+  c.AddString("port_file", "", "write the port actually bound to this file (for scripts using port 0)");
+  c.AddString("model", "models/amaq-base", "Hugging Face model directory (config.json, safetensors)");
+  c.AddInt("cut_layer", 2, "first layer the server runs; clients run the layers before it", 0, 1000);
+  c.AddString("device", "auto", "where the server's layers run", {"auto", "cpu", "cuda"});
+  AddLoraKeys(c);
+  c.AddDouble("lr", 2e-3, "AdamW learning rate of the server's LoRA", 0, 10);
+  c.AddBool("shared_lora", false, "one server LoRA for all clients instead of one per client");
+  c.AddString("checkpoint_dir", "", "directory for the server's checkpoints (empty: none)");
+  c.AddInt("checkpoint_every", 100, "applied training steps between checkpoints", 1, 1000000000);
+  c.AddString("tls_cert", "", "server certificate chain (PEM)");
+  c.AddString("tls_key", "", "server private key (PEM)");
+  c.AddString("tls_client_ca", "", "CA of client certificates: set it to require mutual TLS");
+  c.AddBool("insecure", false, "plain-text gRPC: for tests on loopback only");
+  c.AddString("tokens_file", "", "file of \"client_id token\" lines; empty accepts any client (tests only)");
+  c.AddInt("max_chunk_bytes", 1 << 20, "largest tensor chunk per gRPC message", 1024, 64 << 20);
+  c.AddInt("max_batch_tokens", 65536, "largest batch x tokens of one step", 1, 1 << 24);
+  c.AddString("metrics_listen", "", "address:port of the Prometheus /metrics endpoint (empty: off)");
+  c.AddInt("aqsgd_cache_mb", 1024, "memory of each client's AQ-SGD cache before spilling", 1, 1 << 20);
+  c.AddString("aqsgd_spill_dir", "", "where AQ-SGD caches spill (empty: the memory limit is hard)");
+  c.AddInt("threads", static_cast<int64_t>(std::thread::hardware_concurrency()), "intra-op CPU threads", 1, 1024);
+  c.AddInt("seed", 1, "seed of the LoRA initialisation (clients use the same)", 0, INT64_MAX);
+  c.AddString("log_level", "info", "spdlog level", {"trace", "debug", "info", "warn", "error"});
+  return c;
+}
+
+std::string RenderMetrics(server::SplitTrainingService& service) {
+  std::ostringstream out;
+  const auto stats = service.server().Stats();
+  const auto traffic = service.traffic();
+  const auto metric = [&](const char* name, const char* type, const char* help) {
+    out << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
+  };
+  metric("amaq_bytes_up_total", "counter", "Protobuf bytes received from the client");
+  for (const auto& [id, t] : traffic) out << "amaq_bytes_up_total{client=\"" << id << "\"} " << t.bytes_up << "\n";
+  metric("amaq_bytes_down_total", "counter", "Protobuf bytes sent to the client");
+  for (const auto& [id, t] : traffic) out << "amaq_bytes_down_total{client=\"" << id << "\"} " << t.bytes_down << "\n";
+  metric("amaq_steps_total", "counter", "Training steps applied");
+  for (const auto& [id, s] : stats) out << "amaq_steps_total{client=\"" << id << "\"} " << s.steps << "\n";
+  metric("amaq_loss", "gauge", "Loss of the last training step");
+  for (const auto& [id, s] : stats) out << "amaq_loss{client=\"" << id << "\"} " << s.last_loss << "\n";
+  metric("amaq_average_bits", "gauge", "Average bits of the last activation received");
+  for (const auto& [id, s] : stats) out << "amaq_average_bits{client=\"" << id << "\"} " << s.average_bits << "\n";
+  metric("amaq_step_seconds", "gauge", "Server time of the last training step");
+  for (const auto& [id, s] : stats) out << "amaq_step_seconds{client=\"" << id << "\"} " << s.last_step_seconds << "\n";
+  metric("amaq_connected", "gauge", "1 while the client's step stream is open");
+  for (const auto& [id, t] : traffic) out << "amaq_connected{client=\"" << id << "\"} " << (t.connected ? 1 : 0) << "\n";
+  return out.str();
+}
+
+int Run(const Config& c) {
+  torch::set_num_threads(static_cast<int>(c.Int("threads")));
+  server::ServerOptions o;
+  o.model_dir = c.String("model");
+  o.cut_layer = c.Int("cut_layer");
+  o.device = c.String("device");
+  o.lora = LoraFromConfig(c);
+  o.lr = c.Double("lr");
+  o.shared_lora = c.Bool("shared_lora");
+  o.checkpoint_dir = c.String("checkpoint_dir");
+  o.checkpoint_every = c.Int("checkpoint_every");
+  o.max_batch_tokens = c.Int("max_batch_tokens");
+  o.aqsgd_cache_bytes = static_cast<uint64_t>(c.Int("aqsgd_cache_mb")) << 20;
+  o.aqsgd_spill_dir = c.String("aqsgd_spill_dir");
+  o.seed = static_cast<uint64_t>(c.Int("seed"));
+  server::SplitServer split(o);
+  if (c.String("tokens_file").empty()) spdlog::warn("no tokens_file: every client is accepted as the id it claims");
+  if (c.Bool("insecure")) spdlog::warn("insecure: true: gRPC runs in plain text (tests only)");
+  server::TokenStore tokens(c.String("tokens_file"));
+  server::ServiceOptions service_options;
+  service_options.max_chunk_bytes = static_cast<int>(c.Int("max_chunk_bytes"));
+  server::SplitTrainingService service(split, tokens, service_options);
+
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(c.String("listen"),
+                           MakeServerCredentials(TlsFiles{c.String("tls_cert"), c.String("tls_key"), c.String("tls_client_ca")},
+                                                 c.Bool("insecure")),
+                           &port);
+  builder.SetMaxReceiveMessageSize(service_options.max_chunk_bytes + (1 << 20));
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> grpc_server = builder.BuildAndStart();
+  Require(grpc_server != nullptr && port > 0, ErrorCode::kUnavailable,
+          "cannot listen on " + c.String("listen") + ": is the port in use, or the address wrong?");
+  if (!c.String("port_file").empty()) std::ofstream(c.String("port_file")) << port << "\n";
+  std::unique_ptr<server::MetricsHttp> metrics;
+  if (!c.String("metrics_listen").empty()) {
+    metrics = std::make_unique<server::MetricsHttp>(c.String("metrics_listen"), [&service] { return RenderMetrics(service); });
+    spdlog::info("metrics on http://{}/metrics", c.String("metrics_listen"));
+  }
+  spdlog::info("amaq-server listening on port {} ({})", port, c.Bool("insecure") ? "plain text" : "TLS");
+
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  int received = 0;
+  sigwait(&signals, &received);
+  spdlog::info("signal {}: draining steps in flight", received);
+  grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  split.Checkpoint();
+  spdlog::info("stopped{}", o.checkpoint_dir.empty() ? "" : "; checkpoint written to " + o.checkpoint_dir);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Signals are taken by sigwait in Run; every thread started later inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  Config config = ServerConfig();
+  try {
+    if (!config.Parse(argc, argv)) return 0;
+    spdlog::set_level(spdlog::level::from_str(config.String("log_level")));
+    spdlog::info("configuration:\n{}", config.Dump());
+    return Run(config);
+  } catch (const Error& e) {
+    spdlog::error("{}", e.what());
+    return e.code() == ErrorCode::kInvalidArgument ? 2 : 1;
+  } catch (const c10::Error& e) {
+    spdlog::error("internal error in LibTorch: {}", e.what_without_backtrace());
+    return 1;
+  }
+}

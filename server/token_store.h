@@ -1,0 +1,31 @@
+// TokenStore: the bearer tokens a server accepts, from a file of "client_id token" lines (# starts a
+// comment). A request's "authorization: Bearer <token>" metadata names the client it acts as; an
+// unknown, missing or revoked token is refused with UNAUTHENTICATED. The file is read again when
+// it changes, so removing a line revokes a token without a restart.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+
+namespace amaq::server {
+
+class TokenStore {
+ public:
+  // An empty path accepts every request as the client it claims to be (tests, trusted networks).
+  explicit TokenStore(std::string path);
+  bool enabled() const { return !path_.empty(); }
+  // The client a bearer token belongs to; nullopt when it is not (or no longer) valid.
+  std::optional<std::string> ClientOf(const std::string& token);
+
+ private:
+  void ReloadIfChanged();
+  std::string path_;
+  std::mutex mutex_;
+  std::filesystem::file_time_type loaded_at_{};
+  std::map<std::string, std::string> client_of_;  // token -> client id
+};
+
+}  // namespace amaq::server
