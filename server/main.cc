@@ -15,6 +15,7 @@
 #include "common/lora_keys.h"
 #include "common/tls.h"
 #include "server/grpc_service.h"
+#include "server/server_config.h"
 #include "server/metrics_http.h"
 #include "server/split_server.h"
 #include "server/token_store.h"
@@ -22,34 +23,6 @@
 using namespace amaq;
 
 namespace {
-
-Config ServerConfig() {
-  Config c("amaq-server");
-  c.AddString("listen", "0.0.0.0:50051", "address and port to serve gRPC on (port 0: any free port)");
-  c.AddString("port_file", "", "write the port actually bound to this file (for scripts using port 0)");
-  c.AddString("model", "models/amaq-base", "Hugging Face model directory (config.json, safetensors)");
-  c.AddInt("cut_layer", 2, "first layer the server runs; clients run the layers before it", 0, 1000);
-  c.AddString("device", "auto", "where the server's layers run", {"auto", "cpu", "cuda"});
-  AddLoraKeys(c);
-  c.AddDouble("lr", 2e-3, "AdamW learning rate of the server's LoRA", 0, 10);
-  c.AddBool("shared_lora", false, "one server LoRA for all clients instead of one per client");
-  c.AddString("checkpoint_dir", "", "directory for the server's checkpoints (empty: none)");
-  c.AddInt("checkpoint_every", 100, "applied training steps between checkpoints", 1, 1000000000);
-  c.AddString("tls_cert", "", "server certificate chain (PEM)");
-  c.AddString("tls_key", "", "server private key (PEM)");
-  c.AddString("tls_client_ca", "", "CA of client certificates: set it to require mutual TLS");
-  c.AddBool("insecure", false, "plain-text gRPC: for tests on loopback only");
-  c.AddString("tokens_file", "", "file of \"client_id token\" lines; empty accepts any client (tests only)");
-  c.AddInt("max_chunk_bytes", 1 << 20, "largest tensor chunk per gRPC message", 1024, 64 << 20);
-  c.AddInt("max_batch_tokens", 65536, "largest batch x tokens of one step", 1, 1 << 24);
-  c.AddString("metrics_listen", "", "address:port of the Prometheus /metrics endpoint (empty: off)");
-  c.AddInt("aqsgd_cache_mb", 1024, "memory of each client's AQ-SGD cache before spilling", 1, 1 << 20);
-  c.AddString("aqsgd_spill_dir", "", "where AQ-SGD caches spill (empty: the memory limit is hard)");
-  c.AddInt("threads", static_cast<int64_t>(std::thread::hardware_concurrency()), "intra-op CPU threads", 1, 1024);
-  c.AddInt("seed", 1, "seed of the LoRA initialisation (clients use the same)", 0, INT64_MAX);
-  c.AddString("log_level", "info", "spdlog level", {"trace", "debug", "info", "warn", "error"});
-  return c;
-}
 
 std::string RenderMetrics(server::SplitTrainingService& service) {
   std::ostringstream out;
@@ -76,7 +49,8 @@ std::string RenderMetrics(server::SplitTrainingService& service) {
 }
 
 int Run(const Config& c) {
-  torch::set_num_threads(static_cast<int>(c.Int("threads")));
+  const int64_t threads = c.Int("threads");
+  torch::set_num_threads(threads > 0 ? static_cast<int>(threads) : static_cast<int>(std::thread::hardware_concurrency()));
   server::ServerOptions o;
   o.model_dir = c.String("model");
   o.cut_layer = c.Int("cut_layer");
@@ -139,7 +113,7 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  Config config = ServerConfig();
+  Config config = server::ServerConfig();
   try {
     if (!config.Parse(argc, argv)) return 0;
     spdlog::set_level(spdlog::level::from_str(config.String("log_level")));

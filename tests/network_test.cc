@@ -7,6 +7,7 @@
 #include <fstream>
 #include <thread>
 
+#include "client/client_config.h"
 #include "client/grpc_transport.h"
 #include "client/split_client.h"
 #include "common/checkpoint.h"
@@ -14,6 +15,7 @@
 #include "common/finetune.h"
 #include "common/tcp_relay.h"
 #include "server/grpc_service.h"
+#include "server/server_config.h"
 #include "tiny_model.h"
 
 namespace amaq {
@@ -262,6 +264,31 @@ TEST_F(Network, ClientResumesAfterTheServerRestarts) {
   EXPECT_EQ(split_->Stats().at("client-1").steps, 5) << "steps 0-3 restored, step 4 applied once";
   EXPECT_LT(after.loss, c.records().front().loss + 0.5) << "training continued from the checkpoint, not from scratch";
   (void)loss_before;
+}
+
+}  // namespace
+}  // namespace amaq
+
+namespace amaq {
+namespace {
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// The example configurations load, and docs/configuration.md shows every key as --help does.
+TEST(Configuration, ExamplesLoadAndTheDocsListEveryKey) {
+  const std::string root = AMAQ_SOURCE_DIR;
+  const std::string docs = ReadFile(root + "/docs/configuration.md");
+  Config server = server::ServerConfig();
+  EXPECT_NO_THROW(server.Load(ReadFile(root + "/deploy/config/server.yaml"), "server.yaml", {}));
+  EXPECT_NE(docs.find(server::ServerConfig().Help()), std::string::npos)
+      << "docs/configuration.md is stale: paste `amaq-server --help` into it";
+  Config client = client::ClientConfig();
+  EXPECT_NO_THROW(client.Load(ReadFile(root + "/deploy/config/client.yaml"), "client.yaml", {}));
+  EXPECT_NE(docs.find(client::ClientConfig().Help()), std::string::npos)
+      << "docs/configuration.md is stale: paste `amaq-client --help` into it";
 }
 
 }  // namespace

@@ -1,0 +1,57 @@
+#include "client/client_config.h"
+
+#include <cstdint>
+
+#include "common/lora_keys.h"
+
+namespace amaq::client {
+
+Config ClientConfig() {
+  Config c("amaq-client");
+  c.AddString("server", "localhost:50051", "amaq-server address (host:port)");
+  c.AddString("client_id", "client-0", "this client's name (must match its token)");
+  c.AddString("token", "", "bearer token (prefer token_file)");
+  c.AddString("token_file", "", "file holding the bearer token");
+  c.AddString("tls_ca", "", "CA that signed the server's certificate (PEM)");
+  c.AddString("tls_cert", "", "client certificate for mutual TLS (PEM, optional)");
+  c.AddString("tls_key", "", "client private key for mutual TLS (PEM, optional)");
+  c.AddString("tls_server_name", "", "name to verify in the server's certificate (default: the host in server)");
+  c.AddBool("insecure", false, "plain-text gRPC: for tests on loopback only");
+  c.AddBool("meter", true, "count bytes at the socket through a local relay");
+  c.AddString("model", "models/amaq-base", "Hugging Face model directory (the same base model as the server)");
+  c.AddInt("cut_layer", 2, "layers [0, cut) run here", 0, 1000);
+  c.AddString("method", "amaq:8->3", "fp32 | bf16 | fp16 | fixed:<b>[:<granularity>[:<G>]] | amaq[:<bmax>-><bmin>] | amaq:budget=<b> | aqsgd:<b>");
+  c.AddString("task", "wordnet", "data set", {"wordnet", "verbs", "arithmetic", "jsonl"});
+  c.AddString("data", "data", "data directory (scripts/fetch-data)");
+  c.AddString("train_jsonl", "", "task jsonl: training file");
+  c.AddString("validation_jsonl", "", "task jsonl: validation file");
+  c.AddInt("shard_index", 0, "this client's share of the training data: examples i with i % shard_count == shard_index", 0, 1 << 20);
+  c.AddInt("shard_count", 1, "number of shares", 1, 1 << 20);
+  c.AddInt("max_train_examples", 0, "cap on this client's training examples (0: all)", 0, INT64_MAX);
+  c.AddInt("steps", 200, "training steps", 0, INT64_MAX);
+  c.AddInt("batch", 16, "sequences per step", 1, 1 << 20);
+  c.AddInt("max_tokens", 64, "longest sequence (prompt cut from the left)", 4, 1 << 20);
+  AddLoraKeys(c);
+  c.AddDouble("lr", 2e-3, "AdamW learning rate of the client's LoRA", 0, 10);
+  c.AddInt("seed", 1, "seed of the data order and the LoRA initialisation (the server's must match)", 0, INT64_MAX);
+  c.AddInt("eval_every", 0, "steps between evaluations (0: only at the end)", 0, INT64_MAX);
+  c.AddInt("eval_examples", 200, "validation examples per evaluation", 1, INT64_MAX);
+  c.AddInt("eval_batch", 32, "sequences per evaluation request", 1, 1 << 20);
+  c.AddDouble("amaq_alpha", 1.0, "AMAQ gate sharpness alpha", 1e-6, 1e6);
+  c.AddDouble("amaq_beta", 0.01, "AMAQ bit-regularizer weight beta", 0, 1e6);
+  c.AddDouble("amaq_gate_lr", 0.05, "AMAQ gates' Adam learning rate", 1e-9, 100);
+  c.AddInt("amaq_warmup", 0, "AMAQ steps at bmax before the regularizer starts", 0, INT64_MAX);
+  c.AddInt("aqsgd_cache_mb", 1024, "memory of the AQ-SGD cache before spilling", 1, 1 << 20);
+  c.AddString("aqsgd_spill_dir", "", "where the AQ-SGD cache spills (empty: the memory limit is hard)");
+  c.AddString("csv", "", "per-step CSV of this run (empty: none)");
+  c.AddString("checkpoint_dir", "", "directory for this client's checkpoints (empty: none)");
+  c.AddInt("checkpoint_every", 50, "steps between checkpoints", 1, INT64_MAX);
+  c.AddString("adapter_out", "", "export the client's LoRA here in PEFT format at the end (empty: no)");
+  c.AddDouble("retry_seconds", 120, "how long to keep reconnecting to a lost server", 0, 1e9);
+  c.AddInt("threads", 0, "intra-op CPU threads (0: every core)", 0, 1024);
+  c.AddBool("progress", true, "progress bar on a terminal, log lines otherwise");
+  c.AddString("log_level", "info", "spdlog level", {"trace", "debug", "info", "warn", "error"});
+  return c;
+}
+
+}  // namespace amaq::client
