@@ -126,26 +126,29 @@ TEST_F(Network, TwoClientsOverTlsTrainAndCountTheSocketsBytes) {
   StartServer();
   // The "wire": everything between the clients and the server crosses this relay.
   TcpRelay wire("127.0.0.1", static_cast<uint16_t>(port_));
-  uint64_t counted_up = 0, counted_down = 0;
   std::vector<std::vector<client::StepRecord>> records(2);
-  {
-    std::vector<std::thread> clients;
-    std::mutex mutex;
-    for (int i = 0; i < 2; ++i) {
-      clients.emplace_back([&, i] {
-        client::GrpcTransport transport(ClientTransport(i == 0 ? kToken1 : kToken2, wire.port()));
-        client::SplitClient c(ClientFor(i == 0 ? "client-1" : "client-2", i == 0 ? "amaq:8->3" : "fixed:4:channel", 20),
-                              testing::ParityDataset(48), transport);
-        c.Run();
-        std::lock_guard<std::mutex> lock(mutex);
-        records[static_cast<size_t>(i)] = c.records();
-        counted_up += transport.bytes_up();
-        counted_down += transport.bytes_down();
-      });
-    }
-    for (auto& t : clients) t.join();
+  // The transports outlive the clients' threads, so that both sides are counted while every
+  // connection is still open and idle (closing them sends a last few bytes through the wire).
+  std::vector<std::unique_ptr<client::GrpcTransport>> transports;
+  for (int i = 0; i < 2; ++i) {
+    transports.push_back(std::make_unique<client::GrpcTransport>(ClientTransport(i == 0 ? kToken1 : kToken2, wire.port())));
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // let the wire relay flush its last writes
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 2; ++i) {
+    clients.emplace_back([&, i] {
+      client::SplitClient c(ClientFor(i == 0 ? "client-1" : "client-2", i == 0 ? "amaq:8->3" : "fixed:4:channel", 20),
+                            testing::ParityDataset(48), *transports[static_cast<size_t>(i)]);
+      c.Run();
+      records[static_cast<size_t>(i)] = c.records();
+    });
+  }
+  for (auto& t : clients) t.join();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // let the last replies settle
+  uint64_t counted_up = 0, counted_down = 0;
+  for (const auto& t : transports) {
+    counted_up += t->bytes_up();
+    counted_down += t->bytes_down();
+  }
   for (const auto& r : records) {
     ASSERT_GE(r.size(), 20u);
     EXPECT_LT(MeanLoss(r, 15, 5), MeanLoss(r, 0, 5)) << "the loss must fall";
