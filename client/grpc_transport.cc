@@ -125,6 +125,7 @@ StepResult GrpcTransport::Step(const StepInput& input) {
       result.loss = reply.loss();
       result.duplicate = reply.duplicate();
       result.average_bits = reply.average_bits();
+      result.server_seconds = reply.server_seconds();
       result.scores.assign(reply.scores().begin(), reply.scores().end());
       result.next_tokens.assign(reply.next_tokens().begin(), reply.next_tokens().end());
     }

@@ -14,6 +14,7 @@
 #include "common/datasets.h"
 #include "common/error.h"
 #include "common/lora_keys.h"
+#include "common/threads.h"
 
 using namespace amaq;
 
@@ -47,8 +48,7 @@ std::string ReadToken(const Config& c) {
 }
 
 int Run(const Config& c) {
-  const int64_t threads = c.Int("threads");
-  torch::set_num_threads(threads > 0 ? static_cast<int>(threads) : static_cast<int>(std::thread::hardware_concurrency()));
+  SetComputeThreads(static_cast<int>(c.Int("threads")));
   client::GrpcOptions g;
   g.server = c.String("server");
   g.tls = TlsFiles{c.String("tls_cert"), c.String("tls_key"), c.String("tls_ca")};

@@ -165,11 +165,13 @@ StepResult SplitClient::Exchange(const StepInput& input) {
 StepRecord SplitClient::TrainStep(int64_t step) {
   const auto started = Clock::now();
   part_->train();
+  const auto seconds_since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
   const Batch b = BatchFor(step);
   const int64_t rows = b.ids.size(0) * b.ids.size(1);
   const torch::Tensor x = part_(b.ids, b.mask).reshape({rows, config_.hidden_size});
   StepRecord r;
   r.step = step;
+  r.client_seconds = seconds_since(started);
   torch::Tensor upstream;
   StepInput input;
   input.step_id = step;
@@ -179,11 +181,19 @@ StepRecord SplitClient::TrainStep(int64_t step) {
   input.tokens = b.ids.size(1);
   input.mask = Flat(b.mask);
   input.labels = Flat(b.labels);
+  auto mark = Clock::now();
   input.activation = EncodeActivation(x, b, &upstream, &r.up, &r.average_bits);
+  r.encode_seconds = seconds_since(mark);
+  mark = Clock::now();
   const StepResult result = Exchange(input);
+  r.server_seconds = result.server_seconds;
+  r.network_seconds = std::max(0.0, seconds_since(mark) - result.server_seconds);
 
+  mark = Clock::now();
   quant::Decoded info;
   const torch::Tensor gradient = quant::DecodeTensor(gradient_decoder_, result.gradient.data(), result.gradient.size(), &info);
+  r.encode_seconds += seconds_since(mark);
+  mark = Clock::now();
   Require(gradient.size(0) == rows && gradient.size(1) == config_.hidden_size, ErrorCode::kDataLoss,
           "the server's gradient has the wrong shape: the server and client disagree; rejoin");
   if (optimizer_) optimizer_->zero_grad();
@@ -193,6 +203,7 @@ StepRecord SplitClient::TrainStep(int64_t step) {
     amaq_->Step();
   }
   if (optimizer_) optimizer_->step();
+  r.client_seconds += seconds_since(mark);
   r.loss = result.loss;
   r.down = info.count;
   r.wire_up = transport_.bytes_up();

@@ -65,7 +65,11 @@ struct StepRecord {
   double average_bits = 0;
   quant::ByteCount up, down;      // codec bytes of this step's activation and gradient
   uint64_t wire_up = 0, wire_down = 0;  // transport bytes so far
-  double seconds = 0;             // wall time of the step
+  double seconds = 0;             // wall time of the step, of which:
+  double client_seconds = 0;      //   client forward and backward
+  double encode_seconds = 0;      //   compressing the activation, decoding the gradient
+  double server_seconds = 0;      //   the server's compute
+  double network_seconds = 0;     //   the rest of the exchange: transfer and queueing
   std::optional<double> metric;
 };
 

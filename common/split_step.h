@@ -35,6 +35,7 @@ struct StepResult {
   std::vector<int64_t> next_tokens;   // kNextToken
   std::vector<uint8_t> gradient;      // codec message (kTrain)
   double average_bits = 0;            // of the activation, as the server decoded it
+  double server_seconds = 0;          // the server's compute time (decode, forward, backward, encode)
 };
 
 }  // namespace amaq

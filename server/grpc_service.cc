@@ -106,6 +106,7 @@ class StepsReactor : public grpc::ServerBidiReactor<StepRequest, StepReply> {
         reply.set_loss(result.loss);
         reply.set_duplicate(result.duplicate);
         reply.set_average_bits(result.average_bits);
+        reply.set_server_seconds(result.server_seconds);
         *reply.mutable_scores() = {result.scores.begin(), result.scores.end()};
         *reply.mutable_next_tokens() = {result.next_tokens.begin(), result.next_tokens.end()};
       }

@@ -13,6 +13,7 @@
 #include "common/config.h"
 #include "common/error.h"
 #include "common/lora_keys.h"
+#include "common/threads.h"
 #include "common/tls.h"
 #include "server/grpc_service.h"
 #include "server/server_config.h"
@@ -49,8 +50,7 @@ std::string RenderMetrics(server::SplitTrainingService& service) {
 }
 
 int Run(const Config& c) {
-  const int64_t threads = c.Int("threads");
-  torch::set_num_threads(threads > 0 ? static_cast<int>(threads) : static_cast<int>(std::thread::hardware_concurrency()));
+  SetComputeThreads(static_cast<int>(c.Int("threads")));
   server::ServerOptions o;
   o.model_dir = c.String("model");
   o.cut_layer = c.Int("cut_layer");

@@ -243,6 +243,7 @@ StepResult SplitServer::Step(const std::string& client_id, const StepInput& in) 
   s.stats.gradient_bytes += encoded.bytes.size();
   s.stats.last_loss = result.loss;
   s.stats.last_step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  result.server_seconds = s.stats.last_step_seconds;
   if (!duplicate) {
     s.last_applied = in.step_id;
     ++s.stats.steps;

@@ -10,6 +10,7 @@
 #include "common/datasets.h"
 #include "common/error.h"
 #include "common/finetune.h"
+#include "common/threads.h"
 
 using namespace amaq;
 
@@ -35,7 +36,7 @@ int main(int argc, char** argv) {
   app.add_flag("--random-init", o.random_init, "train the same LoRA on a randomly initialised model");
   CLI11_PARSE(app, argc, argv);
   o.lora.alpha = 2.0 * static_cast<double>(o.lora.rank);
-  torch::set_num_threads(threads);
+  SetComputeThreads(threads);
   try {
     const Dataset dataset = task == "wordnet" ? LoadWordNetTopics(data)
                           : task == "verbs"   ? LoadVerbPastTense(data)

@@ -27,6 +27,7 @@
 #include "common/model.h"
 #include "common/progress.h"
 #include "common/sentencepiece_tokenizer.h"
+#include "common/threads.h"
 
 namespace fs = std::filesystem;
 using namespace amaq;
@@ -141,7 +142,7 @@ void LoadState(const std::string& path, ModelPart& model, torch::optim::AdamW& o
 }
 
 int Run(const Options& o, const std::string& command) {
-  torch::set_num_threads(o.threads);
+  SetComputeThreads(o.threads);
   fs::create_directories(o.out + "/.pretrain");
   const TextCorpus corpus = LoadPretrainingText(o.data);
 

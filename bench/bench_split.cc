@@ -1,0 +1,134 @@
+// The split-training system on this machine, over gRPC + TLS on loopback, with the base model and
+// WordNet: (1) per-step time of one client, split into client compute, compression (encode the
+// activation, decode the gradient), server compute and the rest of the exchange (transfer,
+// queueing), for each method; (2) server throughput with 1, 2, 4 and 8 concurrent clients (steps/s
+// over all clients, p50 and p99 step latency).
+//   bench_split [MODEL_DIR] [DATA_DIR]     (defaults: models/amaq-base data)
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "client/grpc_transport.h"
+#include "client/split_client.h"
+#include "common/datasets.h"
+#include "common/threads.h"
+#include "server/grpc_service.h"
+
+using namespace amaq;
+
+namespace {
+
+struct Fixture {
+  std::string model, certs;
+  std::unique_ptr<server::SplitServer> split;
+  std::unique_ptr<server::TokenStore> tokens;
+  std::unique_ptr<server::SplitTrainingService> service;
+  std::unique_ptr<grpc::Server> grpc;
+  int port = 0;
+
+  Fixture(const std::string& model_dir, const std::string& cert_dir) : model(model_dir), certs(cert_dir) {
+    server::ServerOptions o;
+    o.model_dir = model;
+    o.cut_layer = 2;
+    o.shared_lora = true;
+    split = std::make_unique<server::SplitServer>(o);
+    tokens = std::make_unique<server::TokenStore>("");
+    service = std::make_unique<server::SplitTrainingService>(*split, *tokens, server::ServiceOptions{});
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", MakeServerCredentials(TlsFiles{certs + "/server.pem", certs + "/server.key", ""}, false), &port);
+    builder.RegisterService(service.get());
+    grpc = builder.BuildAndStart();
+  }
+  ~Fixture() { grpc->Shutdown(); }
+
+  client::GrpcOptions Transport() const {
+    client::GrpcOptions g;
+    g.server = "127.0.0.1:" + std::to_string(port);
+    g.server_name = "localhost";
+    g.tls.ca = certs + "/ca.pem";
+    return g;
+  }
+};
+
+client::ClientOptions Options(const std::string& model, const std::string& id, const std::string& method, int64_t steps) {
+  client::ClientOptions o;
+  o.client_id = id;
+  o.model_dir = model;
+  o.method = method;
+  o.steps = steps;
+  o.batch = 16;
+  o.max_tokens = 48;
+  o.progress = false;
+  return o;
+}
+
+double Percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string model = argc > 1 ? argv[1] : "models/amaq-base";
+  const std::string data = argc > 2 ? argv[2] : "data";
+  SetComputeThreads(1);
+  const std::string certs = (std::filesystem::temp_directory_path() / "amaq-bench-certs").string();
+  if (std::system(("scripts/make-certs " + certs).c_str()) != 0) return 1;
+  Dataset wordnet = LoadWordNetTopics(data);
+  wordnet.train.resize(2000);
+
+  std::printf("per-step time of one client (batch 16, up to 48 tokens, cut after layer 2, TLS on loopback), "
+              "mean of steps 5-24, milliseconds:\n");
+  std::printf("%-16s %8s %8s %8s %8s %8s %10s\n", "method", "client", "codec", "server", "network", "total", "KB up/step");
+  for (const std::string method : {"bf16", "fixed:8:channel", "fixed:4:channel", "fixed:3:channel", "aqsgd:4", "amaq:8->3"}) {
+    Fixture f(model, certs);
+    client::GrpcTransport transport(f.Transport());
+    client::SplitClient c(Options(model, "bench", method, 25), wordnet, transport);
+    int64_t step = c.Join();
+    for (; step < 25; ++step) c.TrainStep(step);
+    double client = 0, codec = 0, server = 0, network = 0, total = 0, up = 0;
+    for (int i = 5; i < 25; ++i) {
+      const client::StepRecord& r = c.records()[static_cast<size_t>(i)];
+      client += r.client_seconds / 20;
+      codec += r.encode_seconds / 20;
+      server += r.server_seconds / 20;
+      network += r.network_seconds / 20;
+      total += r.seconds / 20;
+      up += static_cast<double>(r.up.total()) / 20 / 1024;
+    }
+    std::printf("%-16s %8.1f %8.1f %8.1f %8.1f %8.1f %10.1f\n", method.c_str(), client * 1e3, codec * 1e3, server * 1e3,
+                network * 1e3, total * 1e3, up);
+  }
+
+  std::printf("\nserver throughput, amaq:8->3, 20 steps per client, every client its own thread:\n");
+  std::printf("%8s %10s %12s %12s\n", "clients", "steps/s", "p50 ms", "p99 ms");
+  for (int clients : {1, 2, 4, 8}) {
+    Fixture f(model, certs);
+    std::vector<std::vector<client::StepRecord>> records(static_cast<size_t>(clients));
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<std::thread> threads;
+    for (int i = 0; i < clients; ++i) {
+      threads.emplace_back([&, i] {
+        client::GrpcTransport transport(f.Transport());
+        client::SplitClient c(Options(model, "bench-" + std::to_string(i), "amaq:8->3", 20), wordnet, transport);
+        int64_t step = c.Join();
+        for (; step < 20; ++step) c.TrainStep(step);
+        records[static_cast<size_t>(i)] = c.records();
+      });
+    }
+    for (auto& t : threads) t.join();
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::vector<double> latency;
+    for (const auto& r : records) {
+      for (const auto& s : r) latency.push_back(s.seconds * 1e3);
+    }
+    std::printf("%8d %10.2f %12.1f %12.1f\n", clients, static_cast<double>(clients * 20) / seconds,
+                Percentile(latency, 0.5), Percentile(latency, 0.99));
+  }
+  return 0;
+}
