@@ -14,6 +14,7 @@
 #include "common/datasets.h"
 #include "common/error.h"
 #include "common/lora_keys.h"
+#include "common/program.h"
 #include "common/threads.h"
 
 using namespace amaq;
@@ -97,16 +98,5 @@ int Run(const Config& c) {
 
 int main(int argc, char** argv) {
   Config config = client::ClientConfig();
-  try {
-    if (!config.Parse(argc, argv)) return 0;
-    spdlog::set_level(spdlog::level::from_str(config.String("log_level")));
-    spdlog::debug("configuration:\n{}", config.Dump());
-    return Run(config);
-  } catch (const Error& e) {
-    spdlog::error("{}", e.what());
-    return e.code() == ErrorCode::kInvalidArgument ? 2 : 1;
-  } catch (const c10::Error& e) {
-    spdlog::error("internal error in LibTorch: {}", e.what_without_backtrace());
-    return 1;
-  }
+  return RunProgram(config, argc, argv, Run);
 }

@@ -13,6 +13,7 @@
 #include "common/config.h"
 #include "common/error.h"
 #include "common/lora_keys.h"
+#include "common/program.h"
 #include "common/threads.h"
 #include "common/tls.h"
 #include "server/grpc_service.h"
@@ -50,6 +51,7 @@ std::string RenderMetrics(server::SplitTrainingService& service) {
 }
 
 int Run(const Config& c) {
+  spdlog::info("configuration:\n{}", c.Dump());
   SetComputeThreads(static_cast<int>(c.Int("threads")));
   server::ServerOptions o;
   o.model_dir = c.String("model");
@@ -114,16 +116,5 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   Config config = server::ServerConfig();
-  try {
-    if (!config.Parse(argc, argv)) return 0;
-    spdlog::set_level(spdlog::level::from_str(config.String("log_level")));
-    spdlog::info("configuration:\n{}", config.Dump());
-    return Run(config);
-  } catch (const Error& e) {
-    spdlog::error("{}", e.what());
-    return e.code() == ErrorCode::kInvalidArgument ? 2 : 1;
-  } catch (const c10::Error& e) {
-    spdlog::error("internal error in LibTorch: {}", e.what_without_backtrace());
-    return 1;
-  }
+  return RunProgram(config, argc, argv, Run);
 }

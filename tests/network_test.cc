@@ -24,12 +24,6 @@ namespace {
 const char kToken1[] = "token-of-client-one-0123456789";
 const char kToken2[] = "token-of-client-two-0123456789";
 
-LoraConfig AllTargets() {
-  LoraConfig lora;
-  lora.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-  return lora;
-}
-
 // Everything a test needs: a tiny model, certificates, tokens, and a running server.
 class Network : public ::testing::Test {
  protected:
@@ -43,12 +37,7 @@ class Network : public ::testing::Test {
   }
 
   void StartServer(const std::string& checkpoint_dir = "", int port = 0) {
-    server::ServerOptions o;
-    o.model_dir = *model_;
-    o.cut_layer = 2;
-    o.lora = AllTargets();
-    o.lr = 1e-2;
-    o.seed = 7;
+    server::ServerOptions o = testing::TinyServerOptions(*model_);
     o.checkpoint_dir = checkpoint_dir;
     o.checkpoint_every = 1;
     split_ = std::make_unique<server::SplitServer>(o);
@@ -86,20 +75,7 @@ class Network : public ::testing::Test {
   }
 
   client::ClientOptions ClientFor(const std::string& id, const std::string& method, int64_t steps) {
-    client::ClientOptions o;
-    o.client_id = id;
-    o.model_dir = *model_;
-    o.cut_layer = 2;
-    o.method = method;
-    o.lora = AllTargets();
-    o.lr = 1e-2;
-    o.steps = steps;
-    o.batch = 8;
-    o.seed = 7;
-    o.eval_examples = 8;
-    o.progress = false;
-    o.retry_seconds = 30;
-    return o;
+    return testing::TinyClientOptions(*model_, id, method, steps);
   }
 
   static std::string* model_;
@@ -163,16 +139,7 @@ TEST_F(Network, TwoClientsOverTlsTrainAndCountTheSocketsBytes) {
 
 TEST_F(Network, Fp32OverTheNetworkFollowsLocalTraining) {
   StartServer();
-  FinetuneOptions local;
-  local.model_dir = *model_;
-  local.lora = AllTargets();
-  local.lr = 1e-2;
-  local.steps = 15;
-  local.batch = 8;
-  local.seed = 7;
-  local.eval_examples = 8;
-  local.progress = false;
-  const FinetuneResult reference = FinetuneLocal(testing::ParityDataset(48), local);
+  const FinetuneResult reference = FinetuneLocal(testing::ParityDataset(48), testing::TinyLocalOptions(*model_, 15));
   client::GrpcTransport transport(ClientTransport(kToken1, port_));
   client::SplitClient c(ClientFor("client-1", "fp32", 15), testing::ParityDataset(48), transport);
   c.Run();

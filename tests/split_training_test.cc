@@ -16,35 +16,10 @@
 namespace amaq {
 namespace {
 
-LoraConfig AllTargets() {
-  LoraConfig lora;
-  lora.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-  return lora;
-}
-
-server::ServerOptions ServerFor(const std::string& dir) {
-  server::ServerOptions o;
-  o.model_dir = dir;
-  o.cut_layer = 2;
-  o.lora = AllTargets();
-  o.lr = 1e-2;
-  o.seed = 7;
-  return o;
-}
+server::ServerOptions ServerFor(const std::string& dir) { return testing::TinyServerOptions(dir); }
 
 client::ClientOptions ClientFor(const std::string& dir, const std::string& method, int64_t steps) {
-  client::ClientOptions o;
-  o.model_dir = dir;
-  o.cut_layer = 2;
-  o.method = method;
-  o.lora = AllTargets();
-  o.lr = 1e-2;
-  o.steps = steps;
-  o.batch = 8;
-  o.seed = 7;
-  o.eval_examples = 8;
-  o.progress = false;
-  return o;
+  return testing::TinyClientOptions(dir, "client-0", method, steps);
 }
 
 // The test that proves the system computes what it claims: uncompressed split training follows
@@ -52,16 +27,7 @@ client::ClientOptions ClientFor(const std::string& dir, const std::string& metho
 TEST(SplitTraining, Fp32SplitFollowsLocalTrainingExactly) {
   const std::string dir = testing::TinyModelDir("equivalence");
   const Dataset data = testing::ParityDataset(48);
-  FinetuneOptions local;
-  local.model_dir = dir;
-  local.lora = AllTargets();
-  local.lr = 1e-2;
-  local.steps = 25;
-  local.batch = 8;
-  local.seed = 7;
-  local.eval_examples = 8;
-  local.progress = false;
-  const FinetuneResult reference = FinetuneLocal(data, local);
+  const FinetuneResult reference = FinetuneLocal(data, testing::TinyLocalOptions(dir, 25));
 
   server::SplitServer server(ServerFor(dir));
   client::LocalTransport transport(server);

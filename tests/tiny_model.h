@@ -6,7 +6,10 @@
 #include <fstream>
 #include <string>
 
+#include "client/split_client.h"
+#include "common/finetune.h"
 #include "common/checkpoint.h"
+#include "server/split_server.h"
 #include "common/sentencepiece_tokenizer.h"
 #include "model_test_util.h"
 
@@ -43,6 +46,55 @@ inline Dataset ParityDataset(int examples) {
   for (int i = 0; i < examples; ++i) d.train.push_back({"item " + std::to_string(i) + ":", d.labels[i % 2], i % 2});
   for (int i = 0; i < 8; ++i) d.validation.push_back(d.train[static_cast<size_t>(i)]);
   return d;
+}
+
+inline LoraConfig AllTargets() {
+  LoraConfig lora;
+  lora.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  return lora;
+}
+
+// A server and clients for a tiny model directory, split after layer 2, seed 7, lr 1e-2.
+inline server::ServerOptions TinyServerOptions(const std::string& dir) {
+  server::ServerOptions o;
+  o.model_dir = dir;
+  o.cut_layer = 2;
+  o.lora = AllTargets();
+  o.lr = 1e-2;
+  o.seed = 7;
+  return o;
+}
+
+inline client::ClientOptions TinyClientOptions(const std::string& dir, const std::string& id, const std::string& method,
+                                               int64_t steps) {
+  client::ClientOptions o;
+  o.client_id = id;
+  o.model_dir = dir;
+  o.cut_layer = 2;
+  o.method = method;
+  o.lora = AllTargets();
+  o.lr = 1e-2;
+  o.steps = steps;
+  o.batch = 8;
+  o.seed = 7;
+  o.eval_examples = 8;
+  o.progress = false;
+  o.retry_seconds = 30;
+  return o;
+}
+
+// The same training locally (unsplit), for equivalence tests.
+inline FinetuneOptions TinyLocalOptions(const std::string& dir, int64_t steps) {
+  FinetuneOptions o;
+  o.model_dir = dir;
+  o.lora = AllTargets();
+  o.lr = 1e-2;
+  o.steps = steps;
+  o.batch = 8;
+  o.seed = 7;
+  o.eval_examples = 8;
+  o.progress = false;
+  return o;
 }
 
 }  // namespace amaq::testing
