@@ -57,11 +57,10 @@ SplitClient::SplitClient(ClientOptions options, Dataset data, Transport& transpo
     amaq_ = std::make_unique<quant::AmaqQuantizer>(config_.hidden_size, a);
   }
   if (method_.kind == quant::Method::Kind::kAqsgd) {
-    quant::AqsgdOptions a;
-    a.bits = method_.bits;
-    a.cache_memory_bytes = options_.aqsgd_cache_bytes;
-    a.spill_dir = options_.aqsgd_spill_dir;
-    aqsgd_ = std::make_unique<quant::AqsgdSender>(a);
+    aqsgd_options_.bits = method_.bits;
+    aqsgd_options_.cache_memory_bytes = options_.aqsgd_cache_bytes;
+    aqsgd_options_.spill_dir = options_.aqsgd_spill_dir;
+    aqsgd_ = std::make_unique<quant::AqsgdSender>(aqsgd_options_);
   }
   fingerprint_ = ModelFingerprint(options_.model_dir, options_.cut_layer);
   if (!options_.csv_path.empty()) {
@@ -317,8 +316,21 @@ double SplitClient::Run() {
   int64_t step = Join();
   if (step > 0) spdlog::info("client {}: the server has applied {} steps; continuing at step {}", options_.client_id, step, step);
   Progress progress("client " + options_.client_id, options_.steps);
+  int refusals = 0;
   for (; step < options_.steps; ++step) {
-    const StepRecord r = TrainStep(step);
+    StepRecord r;
+    try {
+      r = TrainStep(step);
+      refusals = 0;
+    } catch (const Error& e) {
+      // The server restarted from an older checkpoint (a step gap) or lost its AQ-SGD cache:
+      // rejoin, start the sender's cache afresh, and continue from the server's step counter.
+      if (e.code() != ErrorCode::kFailedPrecondition || ++refusals > 3) throw;
+      spdlog::warn("client {}: {}; rejoining", options_.client_id, e.what());
+      if (aqsgd_) aqsgd_ = std::make_unique<quant::AqsgdSender>(aqsgd_options_);
+      step = Join() - 1;
+      continue;
+    }
     char fields[128];
     std::snprintf(fields, sizeof fields, "loss %.3f  up %.2f MB  down %.2f MB  bits %.2f", r.loss,
                   static_cast<double>(r.wire_up) / 1e6, static_cast<double>(r.wire_down) / 1e6, r.average_bits);

@@ -109,6 +109,7 @@ class SplitClient {
   ModelPart part_{nullptr};
   std::unique_ptr<torch::optim::AdamW> optimizer_;
   std::unique_ptr<quant::AmaqQuantizer> amaq_;
+  quant::AqsgdOptions aqsgd_options_;
   std::unique_ptr<quant::AqsgdSender> aqsgd_;
   // What the pending training activation was encoded from, to encode it again on a fresh stream
   // after a reconnect (AQ-SGD frames are self-contained and are resent as they are).

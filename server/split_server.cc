@@ -28,7 +28,13 @@ struct SplitServer::Session {
   std::unique_ptr<quant::AqsgdReceiver> aqsgd;
   std::unique_ptr<LoraState> own;        // per-client LoRA (null when shared)
   int64_t last_applied = -1;
+  // The answer to the last applied step, kept to answer a retry of it: the reply, and the raw
+  // gradient with its codec settings, encoded again on the current stream (a rejoined client's
+  // decoder does not know the old stream's bits table).
   std::optional<StepResult> last_reply;
+  torch::Tensor last_gradient;
+  quant::BitsTable last_gradient_bits;
+  quant::EncodeOptions last_gradient_options;
   quant::BitsTable last_decoded_bits;  // of the training activation being answered
   quant::Granularity last_decoded_granularity = quant::Granularity::kChannel;
   ClientStats stats;
@@ -120,7 +126,6 @@ int64_t SplitServer::Join(const std::string& client_id, const std::string& finge
   // A (re)joining client starts fresh codec streams; AQ-SGD caches survive reconnects.
   s.decoder.Reset();
   s.encoder.Reset();
-  s.last_reply.reset();
   if (parsed.kind == quant::Method::Kind::kAqsgd && !s.aqsgd) {
     quant::AqsgdOptions a;
     a.bits = parsed.bits;
@@ -191,7 +196,12 @@ StepResult SplitServer::Step(const std::string& client_id, const StepInput& in) 
   }
   bool duplicate = false;
   if (in.kind == StepKind::kTrain) {
-    if (in.step_id == s.last_applied && s.last_reply) return *s.last_reply;  // a retry: the stored reply
+    if (in.step_id == s.last_applied && s.last_reply) {  // a retry: the stored reply
+      StepResult again = *s.last_reply;
+      again.gradient = s.encoder.Encode(s.last_gradient.data_ptr<float>(), s.last_gradient.size(0), s.last_gradient.size(1),
+                                        s.last_gradient_bits, s.last_gradient_options).bytes;
+      return again;
+    }
     Require(in.step_id <= s.last_applied + 1, ErrorCode::kFailedPrecondition,
             "client " + client_id + " sent step " + std::to_string(in.step_id) + " but the server applied up to " +
                 std::to_string(s.last_applied) + ": resume from step " + std::to_string(s.last_applied + 1));
@@ -236,8 +246,11 @@ StepResult SplitServer::Step(const std::string& client_id, const StepInput& in) 
   quant::Decoded shape;
   shape.bits = s.last_decoded_bits;
   shape.granularity = s.last_decoded_granularity;
+  s.last_gradient_bits = s.method.GradientBits(shape);
+  s.last_gradient_options = s.method.GradientOptions(shape);
   const quant::Encoded encoded = s.encoder.Encode(grad.data_ptr<float>(), n, config_.hidden_size,
-                                                  s.method.GradientBits(shape), s.method.GradientOptions(shape));
+                                                  s.last_gradient_bits, s.last_gradient_options);
+  s.last_gradient = grad;
   if (!duplicate) lora.optimizer->step();
   result.gradient = encoded.bytes;
   s.stats.gradient_bytes += encoded.bytes.size();

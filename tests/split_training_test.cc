@@ -122,6 +122,27 @@ TEST_F(ServerGuards, StepsApplyOnceAndInOrder) {
   EXPECT_FALSE(server_->Step("c", Valid(1)).duplicate);
 }
 
+// A client whose reply was lost rejoins (fresh codec streams) and sends the step again: it gets the
+// same gradient, encoded on the new stream, and the step is not applied twice.
+TEST_F(ServerGuards, RetryAfterRejoinGetsTheSameGradient) {
+  server_->Join("m", fingerprint_, 2, "amaq:8->3");
+  std::vector<float> x(4 * 32);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 7) * 0.3f - 1.0f;
+  std::vector<uint8_t> widths(32);
+  for (size_t c = 0; c < widths.size(); ++c) widths[c] = static_cast<uint8_t>(3 + c % 6);
+  StepInput in = Valid(0);
+  in.activation = quant::Encoder().Encode(x.data(), 4, 32, quant::BitsTable::PerChannel(widths), quant::EncodeOptions{}).bytes;
+  const StepResult first = server_->Step("m", in);
+  quant::Decoder before;
+  const std::vector<float> g1 = before.Decode(first.gradient.data(), first.gradient.size()).values;
+  EXPECT_EQ(server_->Join("m", fingerprint_, 2, "amaq:8->3"), 0);
+  const StepResult again = server_->Step("m", in);
+  EXPECT_TRUE(again.duplicate);
+  quant::Decoder fresh;  // the rejoined client's new stream
+  EXPECT_EQ(fresh.Decode(again.gradient.data(), again.gradient.size()).values, g1);
+  EXPECT_EQ(server_->Stats().at("m").steps, 1);
+}
+
 TEST_F(ServerGuards, MalformedStepsAreRefusedAndStateIsKept) {
   StepInput bad = Valid(0);
   bad.activation[60] ^= 0xff;
