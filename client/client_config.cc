@@ -46,6 +46,7 @@ Config ClientConfig() {
   c.AddString("csv", "", "per-step CSV of this run (empty: none)");
   c.AddString("checkpoint_dir", "", "directory for this client's checkpoints (empty: none)");
   c.AddInt("checkpoint_every", 50, "steps between checkpoints", 1, INT64_MAX);
+  c.AddInt("sync_every", 0, "collaborative mode: average the clients' adapters every N steps (0: off)", 0, INT64_MAX);
   c.AddString("adapter_out", "", "export the client's LoRA here in PEFT format at the end (empty: no)");
   c.AddDouble("retry_seconds", 120, "how long to keep reconnecting to a lost server", 0, 1e9);
   c.AddInt("threads", 0, "intra-op CPU threads (0: every core)", 0, 1024);

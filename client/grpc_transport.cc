@@ -136,6 +136,30 @@ StepResult GrpcTransport::Step(const StepInput& input) {
   return result;
 }
 
+NamedFloats GrpcTransport::SyncAdapters(const NamedFloats& adapter) {
+  amaq::v1::AdapterUpload request;
+  for (const auto& [name, t] : adapter) {
+    auto* out = request.add_tensors();
+    out->set_name(name);
+    *out->mutable_shape() = {t.shape.begin(), t.shape.end()};
+    *out->mutable_values() = {t.values.begin(), t.values.end()};
+  }
+  amaq::v1::AdapterAverage reply;
+  grpc::ClientContext context;
+  Authorize(&context);
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::milliseconds(static_cast<int64_t>(options_.call_timeout_seconds * 1000)));
+  const grpc::Status status = stub_->SyncAdapters(&context, request, &reply);
+  if (!status.ok()) throw ToError(status, "averaging adapters");
+  message_up_ += request.ByteSizeLong();
+  message_down_ += reply.ByteSizeLong();
+  NamedFloats average;
+  for (const auto& t : reply.tensors()) {
+    average[t.name()] = NamedFloat{{t.shape().begin(), t.shape().end()}, {t.values().begin(), t.values().end()}};
+  }
+  return average;
+}
+
 uint64_t GrpcTransport::bytes_up() const { return relay_ ? relay_->bytes_up() : message_up_; }
 uint64_t GrpcTransport::bytes_down() const { return relay_ ? relay_->bytes_down() : message_down_; }
 

@@ -33,6 +33,7 @@ class GrpcTransport : public Transport {
   ~GrpcTransport() override;
   int64_t Join(const JoinInfo& info) override;
   StepResult Step(const StepInput& input) override;
+  NamedFloats SyncAdapters(const NamedFloats& adapter) override;
   uint64_t bytes_up() const override;
   uint64_t bytes_down() const override;
   // The relay in front of the channel (null without metering): tests use it to break the link.

@@ -21,6 +21,10 @@ class LocalTransport : public Transport {
     down_ += r.gradient.size();
     return r;
   }
+  NamedFloats SyncAdapters(const NamedFloats& adapter) override {
+    int clients = 0;
+    return server_.AverageAdapters(client_id_, adapter, &clients);
+  }
   uint64_t bytes_up() const override { return up_; }
   uint64_t bytes_down() const override { return down_; }
 

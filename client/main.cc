@@ -83,6 +83,7 @@ int Run(const Config& c) {
   o.checkpoint_dir = c.String("checkpoint_dir");
   o.checkpoint_every = c.Int("checkpoint_every");
   o.adapter_out = c.String("adapter_out");
+  o.sync_every = c.Int("sync_every");
   o.retry_seconds = c.Double("retry_seconds");
   o.progress = c.Bool("progress");
   client::SplitClient split(o, LoadTask(c), transport);

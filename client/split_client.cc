@@ -243,6 +243,22 @@ double SplitClient::Evaluate() {
   return ExactMatch(step, *encoder_, examples, 12, options_.eval_batch);
 }
 
+void SplitClient::SyncAdapters() {
+  NamedFloats mine;
+  for (auto& [name, t] : part_->LoraParameters()) {
+    const torch::Tensor c = t.detach().to(torch::kCPU, torch::kFloat).contiguous();
+    mine[name] = NamedFloat{c.sizes().vec(), std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel())};
+  }
+  const NamedFloats average = transport_.SyncAdapters(mine);
+  torch::NoGradGuard no_grad;
+  for (auto& [name, t] : part_->LoraParameters()) {
+    const auto it = average.find(name);
+    Require(it != average.end() && static_cast<int64_t>(it->second.values.size()) == t.numel(), ErrorCode::kDataLoss,
+            "the averaged adapter lacks " + name + ": clients must use the same LoRA settings");
+    t.copy_(torch::tensor(it->second.values).view(t.sizes()));
+  }
+}
+
 double SplitClient::average_bits() const { return records_.empty() ? 0 : records_.back().average_bits; }
 
 void SplitClient::WriteCsv(const StepRecord& r) {
@@ -339,6 +355,7 @@ double SplitClient::Run() {
       records_.back().metric = Evaluate();
       WriteCsv(records_.back());
     }
+    if (options_.sync_every > 0 && (step + 1) % options_.sync_every == 0) SyncAdapters();
     if ((step + 1) % options_.checkpoint_every == 0) SaveCheckpoint(step + 1);
   }
   SaveCheckpoint(step);

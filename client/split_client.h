@@ -55,6 +55,7 @@ struct ClientOptions {
   std::string checkpoint_dir;    // empty: no checkpoints
   int64_t checkpoint_every = 50;
   std::string adapter_out;       // empty: no PEFT export at the end
+  int64_t sync_every = 0;        // collaborative mode: average client adapters every N steps (0: off)
   double retry_seconds = 120;    // give up on a broken link after this long
   bool progress = true;
 };
@@ -86,6 +87,8 @@ class SplitClient {
   int64_t Join();
   StepRecord TrainStep(int64_t step);
   double Evaluate();
+  // Collaborative mode: replaces this client's LoRA weights by the average over clients.
+  void SyncAdapters();
   const std::vector<StepRecord>& records() const { return records_; }
   double average_bits() const;
 

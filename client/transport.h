@@ -16,6 +16,8 @@ class Transport {
   // Returns the server's last applied step of this client (-1: none).
   virtual int64_t Join(const JoinInfo& info) = 0;
   virtual StepResult Step(const StepInput& input) = 0;
+  // Collaborative mode: uploads this client's adapter, returns the average over clients.
+  virtual NamedFloats SyncAdapters(const NamedFloats& adapter) = 0;
   // Bytes sent and received so far, as the transport measures them (the sockets, for gRPC).
   virtual uint64_t bytes_up() const = 0;
   virtual uint64_t bytes_down() const = 0;

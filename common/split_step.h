@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -37,5 +38,12 @@ struct StepResult {
   double average_bits = 0;            // of the activation, as the server decoded it
   double server_seconds = 0;          // the server's compute time (decode, forward, backward, encode)
 };
+
+// Named tensors as plain floats (collaborative adapter averaging).
+struct NamedFloat {
+  std::vector<int64_t> shape;
+  std::vector<float> values;
+};
+using NamedFloats = std::map<std::string, NamedFloat>;
 
 }  // namespace amaq

@@ -250,30 +250,22 @@ grpc::ServerUnaryReactor* SplitTrainingService::SyncAdapters(grpc::CallbackServe
   std::string client;
   const grpc::Status status = Authenticate(context, &client);
   if (!status.ok()) return Done(context, status);
-  std::lock_guard<std::mutex> lock(adapters_mutex_);
-  auto& mine = adapters_[client];
-  mine.clear();
-  std::map<std::string, std::vector<int64_t>> shapes;
+  NamedFloats upload;
   for (const auto& t : request->tensors()) {
-    mine[t.name()] = {t.values().begin(), t.values().end()};
-    shapes[t.name()] = {t.shape().begin(), t.shape().end()};
+    upload[t.name()] = NamedFloat{{t.shape().begin(), t.shape().end()}, {t.values().begin(), t.values().end()}};
   }
-  // The average, over every client whose latest upload has the tensor with the same size.
-  for (const auto& [name, values] : mine) {
-    std::vector<double> sum(values.size(), 0.0);
-    int count = 0;
-    for (const auto& [other, tensors] : adapters_) {
-      const auto it = tensors.find(name);
-      if (it == tensors.end() || it->second.size() != values.size()) continue;
-      for (size_t i = 0; i < values.size(); ++i) sum[i] += it->second[i];
-      ++count;
+  int clients = 0;
+  try {
+    for (const auto& [name, mean] : server_.AverageAdapters(client, upload, &clients)) {
+      auto* out = reply->add_tensors();
+      out->set_name(name);
+      *out->mutable_shape() = {mean.shape.begin(), mean.shape.end()};
+      *out->mutable_values() = {mean.values.begin(), mean.values.end()};
     }
-    auto* out = reply->add_tensors();
-    out->set_name(name);
-    *out->mutable_shape() = {shapes[name].begin(), shapes[name].end()};
-    for (double v : sum) out->add_values(static_cast<float>(v / count));
+  } catch (const std::exception& e) {
+    return Done(context, ToStatus(e));
   }
-  reply->set_clients(static_cast<int>(adapters_.size()));
+  reply->set_clients(clients);
   return Done(context, grpc::Status::OK);
 }
 

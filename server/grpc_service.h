@@ -67,8 +67,6 @@ class SplitTrainingService final : public amaq::v1::SplitTraining::CallbackServi
   ServiceOptions options_;
   mutable std::mutex traffic_mutex_;
   std::map<std::string, Traffic> traffic_;
-  std::map<std::string, std::map<std::string, std::vector<float>>> adapters_;  // client -> name -> values
-  std::mutex adapters_mutex_;
   std::mutex queue_mutex_;
   std::condition_variable queue_ready_;
   std::deque<std::function<void()>> queue_;

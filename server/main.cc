@@ -63,6 +63,7 @@ int Run(const Config& c) {
   o.checkpoint_dir = c.String("checkpoint_dir");
   o.checkpoint_every = c.Int("checkpoint_every");
   o.max_batch_tokens = c.Int("max_batch_tokens");
+  o.max_steps_per_second = c.Double("max_steps_per_second");
   o.aqsgd_cache_bytes = static_cast<uint64_t>(c.Int("aqsgd_cache_mb")) << 20;
   o.aqsgd_spill_dir = c.String("aqsgd_spill_dir");
   o.seed = static_cast<uint64_t>(c.Int("seed"));

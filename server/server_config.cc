@@ -25,6 +25,7 @@ Config ServerConfig() {
   c.AddString("tokens_file", "", "file of \"client_id token\" lines; empty accepts any client (tests only)");
   c.AddInt("max_chunk_bytes", 1 << 20, "largest tensor chunk per gRPC message", 1024, 64 << 20);
   c.AddInt("max_batch_tokens", 65536, "largest batch x tokens of one step", 1, 1 << 24);
+  c.AddDouble("max_steps_per_second", 0, "per-client limit on training steps per second (0: none)", 0, 1e6);
   c.AddString("metrics_listen", "", "address:port of the Prometheus /metrics endpoint (empty: off)");
   c.AddInt("aqsgd_cache_mb", 1024, "memory of each client's AQ-SGD cache before spilling", 1, 1 << 20);
   c.AddString("aqsgd_spill_dir", "", "where AQ-SGD caches spill (empty: the memory limit is hard)");

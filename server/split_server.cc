@@ -36,6 +36,7 @@ struct SplitServer::Session {
   quant::BitsTable last_gradient_bits;
   quant::EncodeOptions last_gradient_options;
   quant::BitsTable last_decoded_bits;  // of the training activation being answered
+  std::chrono::steady_clock::time_point last_step_at{};
   quant::Granularity last_decoded_granularity = quant::Granularity::kChannel;
   ClientStats stats;
 };
@@ -194,6 +195,13 @@ StepResult SplitServer::Step(const std::string& client_id, const StepInput& in) 
     Require(in.labels[i] == -100 || (in.labels[i] >= 0 && in.labels[i] < config_.vocab_size),
             ErrorCode::kInvalidArgument, "label " + std::to_string(in.labels[i]) + " is not -100 or a token id");
   }
+  if (options_.max_steps_per_second > 0 && in.kind == StepKind::kTrain) {
+    const double since = std::chrono::duration<double>(started - s.last_step_at).count();
+    Require(since >= 1.0 / options_.max_steps_per_second, ErrorCode::kResourceExhausted,
+            "client " + client_id + " exceeds the server's limit of " + std::to_string(options_.max_steps_per_second) +
+                " steps per second: slow down");
+    s.last_step_at = started;
+  }
   bool duplicate = false;
   if (in.kind == StepKind::kTrain) {
     if (in.step_id == s.last_applied && s.last_reply) {  // a retry: the stored reply
@@ -265,6 +273,28 @@ StepResult SplitServer::Step(const std::string& client_id, const StepInput& in) 
   s.last_reply->duplicate = true;
   if (!duplicate && ++applied_since_checkpoint_ >= options_.checkpoint_every) CheckpointLocked();
   return result;
+}
+
+NamedFloats SplitServer::AverageAdapters(const std::string& client_id, const NamedFloats& tensors, int* clients) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  SessionOf(client_id);
+  adapters_[client_id] = tensors;
+  NamedFloats average;
+  for (const auto& [name, mine] : tensors) {
+    NamedFloat mean{mine.shape, std::vector<float>(mine.values.size(), 0.0f)};
+    std::vector<double> sum(mine.values.size(), 0.0);
+    int count = 0;
+    for (const auto& [other, theirs] : adapters_) {
+      const auto it = theirs.find(name);
+      if (it == theirs.end() || it->second.values.size() != mine.values.size()) continue;
+      for (size_t i = 0; i < sum.size(); ++i) sum[i] += it->second.values[i];
+      ++count;
+    }
+    for (size_t i = 0; i < sum.size(); ++i) mean.values[i] = static_cast<float>(sum[i] / count);
+    average.emplace(name, std::move(mean));
+  }
+  *clients = static_cast<int>(adapters_.size());
+  return average;
 }
 
 std::map<std::string, ClientStats> SplitServer::Stats() const {

@@ -40,6 +40,7 @@ struct ServerOptions {
   std::string checkpoint_dir;    // empty: no checkpoints
   int64_t checkpoint_every = 100;  // applied training steps (all clients) between checkpoints
   int64_t max_batch_tokens = 65536;
+  double max_steps_per_second = 0;  // per client; 0: no limit (RESOURCE_EXHAUSTED above it)
   uint64_t aqsgd_cache_bytes = uint64_t{1} << 30;
   std::string aqsgd_spill_dir;
   uint64_t seed = 1;
@@ -70,6 +71,10 @@ class SplitServer {
   int64_t Join(const std::string& client_id, const std::string& fingerprint, int64_t cut_layer,
                const std::string& method);
   StepResult Step(const std::string& client_id, const StepInput& input);
+  // Collaborative mode (SplitFed-style): stores `tensors` as this client's latest client-side
+  // adapter and returns, for each of its tensors, the element-wise mean over every client's latest
+  // adapter that has a tensor of that name and size. `clients` receives how many clients that is.
+  NamedFloats AverageAdapters(const std::string& client_id, const NamedFloats& tensors, int* clients);
   // Writes every session's server-side state atomically (no-op without a checkpoint_dir).
   void Checkpoint();
   std::map<std::string, ClientStats> Stats() const;
@@ -94,6 +99,7 @@ class SplitServer {
   std::vector<torch::Tensor> initial_lora_; // their seeded initial values: every new client's start
   std::unique_ptr<LoraState> shared_;
   std::map<std::string, std::unique_ptr<Session>> sessions_;
+  std::map<std::string, NamedFloats> adapters_;  // collaborative mode: each client's latest upload
   int64_t applied_since_checkpoint_ = 0;
   mutable std::mutex mutex_;  // one step at a time; guards sessions_
 };
