@@ -119,11 +119,17 @@ TEST_F(Network, TwoClientsOverTlsTrainAndCountTheSocketsBytes) {
     });
   }
   for (auto& t : clients) t.join();
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // let the last replies settle
+  // Both relays count a byte once it is written on; give bytes still in flight (HTTP/2 control
+  // frames written as training ends) up to 5 s to arrive, then compare.
   uint64_t counted_up = 0, counted_down = 0;
-  for (const auto& t : transports) {
-    counted_up += t->bytes_up();
-    counted_down += t->bytes_down();
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    counted_up = counted_down = 0;
+    for (const auto& t : transports) {
+      counted_up += t->bytes_up();
+      counted_down += t->bytes_down();
+    }
+    if (counted_up == wire.bytes_up() && counted_down == wire.bytes_down()) break;
   }
   for (const auto& r : records) {
     ASSERT_GE(r.size(), 20u);

@@ -27,6 +27,7 @@ inline std::string TinyModelDir(const std::string& name) {
   TrainSentencePiece(dir + "/corpus.txt", dir + "/tokenizer", 300);
   ModelConfig c = TinyConfig();
   c.vocab_size = 300;
+  torch::manual_seed(1234);  // the same model whatever ran before in this process
   ModelPart model(c, PartSpec::Whole(c));
   {
     // A trained model's head separates tokens; 0.02-scale random rows cap every logit near 0 and
