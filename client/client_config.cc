@@ -33,6 +33,7 @@ Config ClientConfig() {
   c.AddInt("max_tokens", 64, "longest sequence (prompt cut from the left)", 4, 1 << 20);
   AddLoraKeys(c);
   c.AddDouble("lr", 2e-3, "AdamW learning rate of the client's LoRA", 0, 10);
+  c.AddDouble("max_grad_norm", 0, "clip the client LoRA's gradient norm each step (0: off)", 0, 1e9);
   c.AddInt("seed", 1, "seed of the data order and the LoRA initialisation (the server's must match)", 0, INT64_MAX);
   c.AddInt("eval_every", 0, "steps between evaluations (0: only at the end)", 0, INT64_MAX);
   c.AddInt("eval_examples", 200, "validation examples per evaluation", 1, INT64_MAX);

@@ -66,6 +66,7 @@ int Run(const Config& c) {
   o.method = c.String("method");
   o.lora = LoraFromConfig(c);
   o.lr = c.Double("lr");
+  o.max_grad_norm = c.Double("max_grad_norm");
   o.steps = c.Int("steps");
   o.batch = c.Int("batch");
   o.max_tokens = c.Int("max_tokens");

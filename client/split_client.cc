@@ -201,7 +201,10 @@ StepRecord SplitClient::TrainStep(int64_t step) {
     amaq_->Regularizer().backward();
     amaq_->Step();
   }
-  if (optimizer_) optimizer_->step();
+  if (optimizer_) {
+    if (options_.max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(part_->TrainableParameters(), options_.max_grad_norm);
+    optimizer_->step();
+  }
   r.client_seconds += seconds_since(mark);
   r.loss = result.loss;
   r.down = info.count;

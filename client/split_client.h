@@ -40,6 +40,7 @@ struct ClientOptions {
   std::string method = "bf16";
   LoraConfig lora;
   double lr = 2e-3;
+  double max_grad_norm = 0;      // clip the client LoRA's gradient norm per step (0: no clipping)
   int64_t steps = 200;
   int64_t batch = 16;
   int64_t max_tokens = 64;

@@ -60,6 +60,7 @@ int Run(const Config& c) {
   o.lora = LoraFromConfig(c);
   o.lr = c.Double("lr");
   o.shared_lora = c.Bool("shared_lora");
+  o.max_grad_norm = c.Double("max_grad_norm");
   o.checkpoint_dir = c.String("checkpoint_dir");
   o.checkpoint_every = c.Int("checkpoint_every");
   o.max_batch_tokens = c.Int("max_batch_tokens");

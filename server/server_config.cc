@@ -15,6 +15,7 @@ Config ServerConfig() {
   c.AddString("device", "auto", "where the server's layers run", {"auto", "cpu", "cuda"});
   AddLoraKeys(c);
   c.AddDouble("lr", 2e-3, "AdamW learning rate of the server's LoRA", 0, 10);
+  c.AddDouble("max_grad_norm", 0, "clip the server LoRA's gradient norm each step (0: off)", 0, 1e9);
   c.AddBool("shared_lora", false, "one server LoRA for all clients instead of one per client");
   c.AddString("checkpoint_dir", "", "directory for the server's checkpoints (empty: none)");
   c.AddInt("checkpoint_every", 100, "applied training steps between checkpoints", 1, 1000000000);

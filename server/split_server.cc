@@ -259,7 +259,10 @@ StepResult SplitServer::Step(const std::string& client_id, const StepInput& in) 
   const quant::Encoded encoded = s.encoder.Encode(grad.data_ptr<float>(), n, config_.hidden_size,
                                                   s.last_gradient_bits, s.last_gradient_options);
   s.last_gradient = grad;
-  if (!duplicate) lora.optimizer->step();
+  if (!duplicate) {
+    if (options_.max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(lora_params_, options_.max_grad_norm);
+    lora.optimizer->step();
+  }
   result.gradient = encoded.bytes;
   s.stats.gradient_bytes += encoded.bytes.size();
   s.stats.last_loss = result.loss;

@@ -36,6 +36,7 @@ struct ServerOptions {
   std::string device = "auto";  // auto | cpu | cuda
   LoraConfig lora;
   double lr = 2e-3;
+  double max_grad_norm = 0;  // clip the server LoRA's gradient norm per step (0: no clipping)
   bool shared_lora = false;
   std::string checkpoint_dir;    // empty: no checkpoints
   int64_t checkpoint_every = 100;  // applied training steps (all clients) between checkpoints
