@@ -85,9 +85,12 @@ int64_t SplitClient::Join() {
 
 Batch SplitClient::BatchFor(int64_t step) {
   // The order is a pure function of the seed, so a restarted client finds the same batch for a step.
-  ExampleOrder order(data_.train.size(), options_.seed);
+  if (!order_ || step < order_step_) {
+    order_ = std::make_unique<ExampleOrder>(data_.train.size(), options_.seed);
+    order_step_ = 0;
+  }
   std::vector<size_t> picked;
-  for (int64_t s = 0; s <= step; ++s) picked = order.Next(static_cast<size_t>(options_.batch));
+  for (; order_step_ <= step; ++order_step_) picked = order_->Next(static_cast<size_t>(options_.batch));
   std::vector<const Example*> examples;
   std::vector<uint64_t> ids;
   for (size_t i : picked) {

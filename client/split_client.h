@@ -24,6 +24,7 @@
 #include "client/transport.h"
 #include "common/batching.h"
 #include "common/datasets.h"
+#include "common/finetune.h"
 #include "common/lora.h"
 #include "common/model.h"
 #include "quant/amaq.h"
@@ -95,6 +96,10 @@ class SplitClient {
 
  private:
   Batch BatchFor(int64_t step);
+  // The seeded example order, positioned at the batch of step `order_step_` (rebuilt only when a
+  // resumed or rejoined client goes back to an earlier step).
+  std::unique_ptr<ExampleOrder> order_;
+  int64_t order_step_ = 0;
   std::vector<uint8_t> EncodeActivation(const torch::Tensor& x, const Batch& b, torch::Tensor* upstream,
                                         quant::ByteCount* count, double* bits);
   std::vector<uint8_t> EncodeForEvaluation(const torch::Tensor& x);
