@@ -1,6 +1,5 @@
 #include "common/program.h"
 
-#include <c10/util/Exception.h>
 #include <spdlog/spdlog.h>
 
 #include "common/error.h"
@@ -16,8 +15,10 @@ int RunProgram(Config& config, int argc, char** argv, const std::function<int(co
   } catch (const Error& e) {
     spdlog::error("{}", e.what());
     return e.code() == ErrorCode::kInvalidArgument ? 2 : 1;
-  } catch (const c10::Error& e) {
-    spdlog::error("internal error in LibTorch: {} (please report it)", e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    // LibTorch's errors append a backtrace after the first line: the first line says what failed.
+    const std::string what = e.what();
+    spdlog::error("internal error: {} (please report it)", what.substr(0, what.find('\n')));
     return 1;
   }
 }

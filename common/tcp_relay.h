@@ -1,32 +1,57 @@
-// TcpRelay: a TCP forwarder on a local port that counts every byte it carries. The client puts one
-// in front of its gRPC channel, so the bytes it reports are the bytes that crossed the socket
-// (TLS and HTTP/2 framing included), not numbers recomputed from message sizes. The link emulator
-// (amaq-netem) builds on the same class to shape and break links.
+// TcpRelay: a TCP forwarder that counts every byte it carries and can emulate a real link.
+//
+// The client puts one in front of its gRPC channel, so the bytes it reports are the bytes that
+// crossed the socket (TLS and HTTP/2 framing included). With LinkOptions it is also the link
+// emulator (amaq-netem, tests): each direction is a token bucket of the given rate followed by a
+// one-way delay with jitter (order kept, as on TCP), and scheduled or on-demand faults close every
+// connection, hold all traffic for a while, or silently drop everything. Bytes are counted when
+// they are delivered to the far side. All of its work runs on one internal thread.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <thread>
+#include <utility>
 
 namespace amaq {
 
+struct LinkOptions {
+  double up_bits_per_second = 0;    // towards upstream; 0: unlimited
+  double down_bits_per_second = 0;  // from upstream; 0: unlimited
+  uint64_t burst_bytes = 16384;     // depth of each token bucket
+  double latency_seconds = 0;       // one-way delay added in each direction
+  double jitter_seconds = 0;        // extra one-way delay, uniform in [0, jitter]
+  // Scheduled faults, timed from the relay's start (negative: never).
+  int64_t reset_after_bytes = -1;   // close every connection once this many bytes (both ways) crossed
+  double reset_at_seconds = -1;     // close every connection at this time
+  double stall_at_seconds = -1;     // hold all traffic from this time ...
+  double stall_seconds = 0;         // ... for this long
+  double blackhole_at_seconds = -1; // from this time on, drop everything and answer nothing
+  uint64_t seed = 1;                // of the jitter
+};
+
 class TcpRelay {
  public:
-  // Listens on 127.0.0.1 (port 0: any free port) and forwards each connection to
-  // upstream_host:upstream_port. Throws amaq::Error (kUnavailable) when it cannot listen.
-  TcpRelay(std::string upstream_host, uint16_t upstream_port, uint16_t listen_port = 0);
+  // Listens on `listen` ("host:port"; port 0: any free port) and forwards each connection to
+  // upstream_host:upstream_port through the emulated link. Throws amaq::Error (kUnavailable) when it
+  // cannot resolve the upstream or listen, (kInvalidArgument) for impossible link settings.
+  TcpRelay(std::string upstream_host, uint16_t upstream_port, LinkOptions link = {},
+           const std::string& listen = "127.0.0.1:0");
   ~TcpRelay();  // closes every connection and stops
   TcpRelay(const TcpRelay&) = delete;
   TcpRelay& operator=(const TcpRelay&) = delete;
 
   uint16_t port() const;
   std::string address() const { return "127.0.0.1:" + std::to_string(port()); }
-  uint64_t bytes_up() const;    // towards upstream
-  uint64_t bytes_down() const;  // from upstream
-  // Closes every open connection (both directions), as a dropped link would.
-  void ResetConnections();
+  uint64_t bytes_up() const;    // delivered towards upstream
+  uint64_t bytes_down() const;  // delivered from upstream
+  uint64_t resets() const;      // times every connection was closed by a fault
+
+  // Faults on demand (they act on the relay's thread, shortly after the call):
+  void ResetConnections();                 // close every open connection, as a dropped link would
+  void ResetAfter(uint64_t more_bytes);    // ... once this many more bytes have been delivered
+  void Stall(double seconds);              // hold all traffic from now for this long
+  void Blackhole(bool on);                 // drop everything (on) or carry traffic again (off)
 
  private:
   struct Impl;

@@ -1,0 +1,98 @@
+// amaq-netem: a link emulator between split-training clients and the server. It listens on
+// --listen and forwards each connection to --upstream through an emulated link: a bandwidth per
+// direction (token bucket), a one-way latency with jitter, and scheduled faults (reset every
+// connection after N bytes or at time T, stall all traffic for S seconds, blackhole). Point a
+// client's `server` at it to preview a link; the tests and scripts/bench-network use it the same way.
+//   amaq-netem --upstream 127.0.0.1:50051 --listen 127.0.0.1:50061 --up_mbit 10 --down_mbit 10 --latency_ms 20
+// It logs the traffic it carried every --report_seconds and stops on SIGINT/SIGTERM.
+#include <signal.h>
+#include <spdlog/spdlog.h>
+
+#include <cmath>
+#include <ctime>
+#include <fstream>
+
+#include "common/config.h"
+#include "common/program.h"
+#include "common/tcp_relay.h"
+
+using namespace amaq;
+
+namespace {
+
+Config NetemConfig() {
+  Config c("amaq-netem");
+  c.AddString("upstream", "127.0.0.1:50051", "host:port of the server to forward to");
+  c.AddString("listen", "127.0.0.1:0", "IP address and port to accept clients on (port 0: any free port)");
+  c.AddString("port_file", "", "write the port actually bound to this file (for scripts using port 0)");
+  c.AddDouble("up_mbit", 0, "bandwidth towards the server in Mbit/s (0: unlimited)", 0, 1e6);
+  c.AddDouble("down_mbit", 0, "bandwidth towards the client in Mbit/s (0: unlimited)", 0, 1e6);
+  c.AddInt("burst_kb", 16, "depth of each direction's token bucket in KiB", 1, 1 << 20);
+  c.AddDouble("latency_ms", 0, "one-way delay added in each direction", 0, 1e6);
+  c.AddDouble("jitter_ms", 0, "extra one-way delay, uniform in [0, jitter]", 0, 1e6);
+  c.AddInt("reset_after_bytes", -1, "close every connection once this many bytes crossed (-1: never)", -1, INT64_MAX);
+  c.AddDouble("reset_at", -1, "close every connection this many seconds after start (-1: never)", -1, 1e9);
+  c.AddDouble("stall_at", -1, "hold all traffic from this many seconds after start (-1: never)", -1, 1e9);
+  c.AddDouble("stall_for", 0, "how long the stall lasts, in seconds", 0, 1e9);
+  c.AddDouble("blackhole_at", -1, "drop all traffic from this many seconds after start (-1: never)", -1, 1e9);
+  c.AddInt("seed", 1, "seed of the jitter", 0, INT64_MAX);
+  c.AddDouble("report_seconds", 10, "log the traffic carried this often (0: never)", 0, 1e6);
+  c.AddString("log_level", "info", "spdlog level", {"trace", "debug", "info", "warn", "error"});
+  return c;
+}
+
+int Run(const Config& c) {
+  LinkOptions link;
+  link.up_bits_per_second = c.Double("up_mbit") * 1e6;
+  link.down_bits_per_second = c.Double("down_mbit") * 1e6;
+  link.burst_bytes = static_cast<uint64_t>(c.Int("burst_kb")) << 10;
+  link.latency_seconds = c.Double("latency_ms") / 1e3;
+  link.jitter_seconds = c.Double("jitter_ms") / 1e3;
+  link.reset_after_bytes = c.Int("reset_after_bytes");
+  link.reset_at_seconds = c.Double("reset_at");
+  link.stall_at_seconds = c.Double("stall_at");
+  link.stall_seconds = c.Double("stall_for");
+  link.blackhole_at_seconds = c.Double("blackhole_at");
+  link.seed = static_cast<uint64_t>(c.Int("seed"));
+  const auto [host, port] = SplitHostPort(c.String("upstream"), "upstream");
+  TcpRelay relay(host, port, link, c.String("listen"));
+  if (!c.String("port_file").empty()) std::ofstream(c.String("port_file")) << relay.port() << "\n";
+  const auto rate = [](double mbit) { return mbit > 0 ? fmt::format("{} Mbit/s", mbit) : std::string("unlimited"); };
+  spdlog::info("amaq-netem: port {} -> {}: up {}, down {}, latency {} ms + jitter {} ms", relay.port(), c.String("upstream"),
+               rate(c.Double("up_mbit")), rate(c.Double("down_mbit")), c.Double("latency_ms"), c.Double("jitter_ms"));
+
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  const double every = c.Double("report_seconds");
+  uint64_t last_up = 0, last_down = 0;
+  while (true) {
+    timespec wait{};
+    wait.tv_sec = every > 0 ? static_cast<time_t>(every) : 3600;
+    wait.tv_nsec = every > 0 ? static_cast<long>(std::fmod(every, 1.0) * 1e9) : 0;
+    const int received = sigtimedwait(&signals, nullptr, &wait);
+    const uint64_t up = relay.bytes_up(), down = relay.bytes_down();
+    if (every > 0) {
+      spdlog::info("carried up {:.2f} MB ({:.2f} Mbit/s), down {:.2f} MB ({:.2f} Mbit/s), {} resets", up / 1e6,
+                   (up - last_up) * 8 / every / 1e6, down / 1e6, (down - last_down) * 8 / every / 1e6, relay.resets());
+    }
+    last_up = up;
+    last_down = down;
+    if (received == SIGINT || received == SIGTERM) break;
+  }
+  spdlog::info("amaq-netem: stopped after up {} bytes, down {} bytes", relay.bytes_up(), relay.bytes_down());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  Config config = NetemConfig();
+  return RunProgram(config, argc, argv, Run);
+}

@@ -1,0 +1,209 @@
+// The link emulator (TcpRelay with LinkOptions, the engine of amaq-netem) on loopback: its rate
+// per direction, its latency, and each fault it injects.
+#include <gtest/gtest.h>
+
+#include <boost/asio.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "common/error.h"
+#include "common/tcp_relay.h"
+
+namespace amaq {
+namespace {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// A server on loopback that accepts one connection and hands its socket to `serve`.
+class Upstream {
+ public:
+  explicit Upstream(std::function<void(tcp::socket&)> serve)
+      : acceptor_(io_, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0)) {
+    thread_ = std::thread([this, serve] {
+      tcp::socket socket(io_);
+      boost::system::error_code ec;
+      acceptor_.accept(socket, ec);
+      if (!ec) serve(socket);
+    });
+  }
+  ~Upstream() {
+    boost::system::error_code ignored;
+    acceptor_.close(ignored);
+    thread_.join();
+  }
+  uint16_t port() const { return acceptor_.local_endpoint().port(); }
+
+ private:
+  asio::io_context io_;
+  tcp::acceptor acceptor_;
+  std::thread thread_;
+};
+
+tcp::socket Connect(asio::io_context& io, const TcpRelay& relay) {
+  tcp::socket s(io);
+  s.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), relay.port()));
+  return s;
+}
+
+// Reads until `n` bytes arrived or the connection ended; returns the bytes read.
+size_t ReadUpTo(tcp::socket& s, size_t n) {
+  std::vector<char> buffer(65536);
+  size_t got = 0;
+  boost::system::error_code ec;
+  while (got < n) {
+    const size_t k = s.read_some(asio::buffer(buffer.data(), std::min(buffer.size(), n - got)), ec);
+    if (ec) break;
+    got += k;
+  }
+  return got;
+}
+
+constexpr size_t kBytes = 2'500'000;  // one second at 20 Mbit/s
+
+TEST(Link, UpstreamRateIsWithinTenPercentOfTheSetting) {
+  std::atomic<double> seconds{0};
+  Upstream sink([&](tcp::socket& s) {
+    std::vector<char> first(1);
+    asio::read(s, asio::buffer(first));
+    const auto started = Clock::now();
+    EXPECT_EQ(ReadUpTo(s, kBytes - 1), kBytes - 1);
+    seconds = SecondsSince(started);
+  });
+  LinkOptions link;
+  link.up_bits_per_second = 20e6;
+  {
+    TcpRelay relay("127.0.0.1", sink.port(), link);
+    asio::io_context io;
+    tcp::socket s = Connect(io, relay);
+    asio::write(s, asio::buffer(std::vector<char>(kBytes, 'x')));
+    while (relay.bytes_up() < kBytes) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const double mbit = (kBytes - 1) * 8 / seconds.load() / 1e6;
+  EXPECT_NEAR(mbit, 20.0, 2.0) << "measured " << mbit << " Mbit/s";
+}
+
+TEST(Link, DownstreamRateIsWithinTenPercentOfTheSetting) {
+  Upstream source([&](tcp::socket& s) { asio::write(s, asio::buffer(std::vector<char>(kBytes, 'y'))); });
+  LinkOptions link;
+  link.down_bits_per_second = 20e6;
+  link.up_bits_per_second = 1e6;  // the other direction's setting must not leak into this one
+  TcpRelay relay("127.0.0.1", source.port(), link);
+  asio::io_context io;
+  tcp::socket s = Connect(io, relay);
+  std::vector<char> first(1);
+  asio::read(s, asio::buffer(first));
+  const auto started = Clock::now();
+  ASSERT_EQ(ReadUpTo(s, kBytes - 1), kBytes - 1);
+  const double mbit = (kBytes - 1) * 8 / SecondsSince(started) / 1e6;
+  EXPECT_NEAR(mbit, 20.0, 2.0) << "measured " << mbit << " Mbit/s";
+  EXPECT_LE(relay.bytes_down(), kBytes);  // counted once a write completes: never more than was sent
+}
+
+TEST(Link, LatencyDelaysEachDirection) {
+  Upstream echo([](tcp::socket& s) {
+    std::vector<char> b(4);
+    while (true) {
+      boost::system::error_code ec;
+      asio::read(s, asio::buffer(b), ec);
+      if (ec) return;
+      asio::write(s, asio::buffer(b), ec);
+    }
+  });
+  LinkOptions link;
+  link.latency_seconds = 0.05;
+  link.jitter_seconds = 0.01;
+  TcpRelay relay("127.0.0.1", echo.port(), link);
+  asio::io_context io;
+  tcp::socket s = Connect(io, relay);
+  std::vector<char> b(4, 'p');
+  for (int i = 0; i < 3; ++i) {
+    const auto started = Clock::now();
+    asio::write(s, asio::buffer(b));
+    asio::read(s, asio::buffer(b));
+    const double rtt = SecondsSince(started);
+    EXPECT_GE(rtt, 0.1);
+    EXPECT_LT(rtt, 0.1 + 2 * 0.01 + 0.05) << "round trip " << rtt << " s";
+  }
+}
+
+TEST(Link, ResetAfterBytesClosesTheConnectionMidStream) {
+  Upstream sink([](tcp::socket& s) { ReadUpTo(s, kBytes); });
+  LinkOptions link;
+  link.reset_after_bytes = 100000;
+  TcpRelay relay("127.0.0.1", sink.port(), link);
+  asio::io_context io;
+  tcp::socket s = Connect(io, relay);
+  boost::system::error_code ec;
+  const std::vector<char> data(kBytes, 'z');
+  asio::write(s, asio::buffer(data), ec);
+  // The write fails, or the peer's close shows up as EOF on the next read.
+  if (!ec) {
+    std::vector<char> b(1);
+    s.read_some(asio::buffer(b), ec);
+  }
+  EXPECT_TRUE(ec) << "the link must have been closed";
+  EXPECT_EQ(relay.resets(), 1u);
+  EXPECT_GE(relay.bytes_up(), 100000u);
+  EXPECT_LT(relay.bytes_up(), 100000u + 16384u) << "the reset must come right after the threshold";
+}
+
+TEST(Link, StallHoldsTrafficThenDeliversIt) {
+  Upstream echo([](tcp::socket& s) {
+    std::vector<char> b(4);
+    boost::system::error_code ec;
+    asio::read(s, asio::buffer(b), ec);
+    if (!ec) asio::write(s, asio::buffer(b), ec);
+  });
+  TcpRelay relay("127.0.0.1", echo.port());
+  asio::io_context io;
+  tcp::socket s = Connect(io, relay);
+  relay.Stall(0.4);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const auto started = Clock::now();
+  std::vector<char> b(4, 's');
+  asio::write(s, asio::buffer(b));
+  asio::read(s, asio::buffer(b));
+  const double waited = SecondsSince(started);
+  EXPECT_GE(waited, 0.3) << "the stall must hold the message";
+  EXPECT_LT(waited, 1.0);
+  EXPECT_EQ(std::string(b.begin(), b.end()), "ssss") << "nothing is lost by a stall";
+}
+
+TEST(Link, BlackholeDropsEverythingSilently) {
+  std::atomic<size_t> received{0};
+  Upstream sink([&](tcp::socket& s) { received = ReadUpTo(s, 1000); });
+  LinkOptions link;
+  link.blackhole_at_seconds = 0;
+  {
+    TcpRelay relay("127.0.0.1", sink.port(), link);
+    asio::io_context io;
+    tcp::socket s = Connect(io, relay);
+    asio::write(s, asio::buffer(std::vector<char>(1000, 'b')));
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    EXPECT_EQ(relay.bytes_up(), 0u);
+    EXPECT_EQ(relay.resets(), 0u) << "a blackhole does not close the connection";
+  }
+  EXPECT_EQ(received.load(), 0u);
+}
+
+TEST(Link, RefusesImpossibleSettings) {
+  LinkOptions link;
+  link.latency_seconds = -1;
+  try {
+    TcpRelay relay("127.0.0.1", 1, link);
+    FAIL() << "a negative latency must be refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+  }
+  EXPECT_THROW(TcpRelay("127.0.0.1", 1, LinkOptions{}, "not-an-ip:0"), Error);
+}
+
+}  // namespace
+}  // namespace amaq
