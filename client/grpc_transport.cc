@@ -1,6 +1,9 @@
 #include "client/grpc_transport.h"
 
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 
 #include "common/error.h"
 
@@ -8,6 +11,44 @@ namespace amaq::client {
 
 using amaq::v1::StepReply;
 using amaq::v1::StepRequest;
+
+namespace {
+
+// Cancels a step's stream when the step takes longer than `seconds`: a stalled or blackholed link
+// would otherwise block its read forever. The cancelled step is retried by the client.
+class StepDeadline {
+ public:
+  StepDeadline(grpc::ClientContext* context, double seconds)
+      : thread_([this, context, seconds] {
+          std::unique_lock<std::mutex> lock(mutex_);
+          if (!done_changed_.wait_for(lock, std::chrono::duration<double>(seconds), [this] { return done_; })) {
+            expired_ = true;
+            context->TryCancel();
+          }
+        }) {}
+  ~StepDeadline() { Stop(); }
+  // Ends the watch; after it returns the context is no longer touched.
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      done_ = true;
+    }
+    done_changed_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  bool expired() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return expired_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable done_changed_;
+  bool done_ = false, expired_ = false;
+  std::thread thread_;
+};
+
+}  // namespace
 
 Error ToError(const grpc::Status& status, const std::string& what) {
   ErrorCode code = ErrorCode::kInternal;
@@ -88,10 +129,16 @@ StepResult GrpcTransport::Step(const StepInput& input) {
     Authorize(stream_context_.get());
     stream_ = stub_->Steps(stream_context_.get());
   }
+  StepDeadline deadline(stream_context_.get(), options_.call_timeout_seconds);
   const auto fail = [&](const std::string& what) -> Error {
+    deadline.Stop();
     const grpc::Status status = stream_->Finish();
     stream_.reset();
     stream_context_.reset();
+    if (deadline.expired()) {
+      return Error(ErrorCode::kUnavailable, what + ": no answer within call_timeout_seconds (" +
+                                                std::to_string(options_.call_timeout_seconds) + " s): the link stalled");
+    }
     return status.ok() ? Error(ErrorCode::kUnavailable, what + ": the server closed the stream") : ToError(status, what);
   };
   const size_t chunk = static_cast<size_t>(max_chunk_bytes_);

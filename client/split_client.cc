@@ -69,7 +69,7 @@ SplitClient::SplitClient(ClientOptions options, Dataset data, Transport& transpo
     Require(csv_.good(), ErrorCode::kFailedPrecondition, options_.csv_path + ": cannot write the run's CSV");
     if (fresh) {
       csv_ << "client,method,step,wire_up_bytes,wire_down_bytes,up_payload_bytes,up_metadata_bytes,"
-              "down_payload_bytes,down_metadata_bytes,loss,average_bits,metric,seconds\n";
+              "down_payload_bytes,down_metadata_bytes,loss,average_bits,metric,seconds,applied\n";
     }
   }
 }
@@ -198,15 +198,19 @@ StepRecord SplitClient::TrainStep(int64_t step) {
   mark = Clock::now();
   Require(gradient.size(0) == rows && gradient.size(1) == config_.hidden_size, ErrorCode::kDataLoss,
           "the server's gradient has the wrong shape: the server and client disagree; rejoin");
-  if (optimizer_) optimizer_->zero_grad();
-  if (upstream.requires_grad()) upstream.backward(gradient.to(upstream.scalar_type()));
-  if (amaq_) {
-    amaq_->Regularizer().backward();
-    amaq_->Step();
-  }
-  if (optimizer_) {
-    if (options_.max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(part_->TrainableParameters(), options_.max_grad_norm);
-    optimizer_->step();
+  r.applied = step >= client_next_;
+  if (r.applied) {
+    if (optimizer_) optimizer_->zero_grad();
+    if (upstream.requires_grad()) upstream.backward(gradient.to(upstream.scalar_type()));
+    if (amaq_) {
+      amaq_->Regularizer().backward();
+      amaq_->Step();
+    }
+    if (optimizer_) {
+      if (options_.max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(part_->TrainableParameters(), options_.max_grad_norm);
+      optimizer_->step();
+    }
+    client_next_ = step + 1;
   }
   r.client_seconds += seconds_since(mark);
   r.loss = result.loss;
@@ -271,13 +275,22 @@ void SplitClient::WriteCsv(const StepRecord& r) {
   if (!csv_.is_open()) return;
   csv_ << options_.client_id << ',' << method_.ToString() << ',' << r.step << ',' << r.wire_up << ',' << r.wire_down << ','
        << r.up.payload << ',' << r.up.metadata << ',' << r.down.payload << ',' << r.down.metadata << ',' << r.loss << ','
-       << r.average_bits << ',' << (r.metric ? std::to_string(*r.metric) : "") << ',' << r.seconds << '\n';
+       << r.average_bits << ',' << (r.metric ? std::to_string(*r.metric) : "") << ',' << r.seconds << ','
+       << (r.applied ? 1 : 0) << '\n';
   csv_.flush();
+}
+
+void SplitClient::TrySaveCheckpoint(int64_t next_step) {
+  try {
+    SaveCheckpoint(next_step);
+  } catch (const Error& e) {
+    spdlog::error("client {}: checkpoint of step {} failed (the previous one is intact; retrying at the next): {}",
+                  options_.client_id, next_step, e.what());
+  }
 }
 
 void SplitClient::SaveCheckpoint(int64_t next_step) {
   if (options_.checkpoint_dir.empty()) return;
-  std::filesystem::create_directories(options_.checkpoint_dir);
   torch::serialize::OutputArchive archive;
   archive.write("next_step", torch::tensor(next_step));
   for (auto& [name, t] : part_->LoraParameters()) archive.write("lora." + name, t);
@@ -334,9 +347,17 @@ int64_t SplitClient::LoadCheckpoint() {
 }
 
 double SplitClient::Run() {
-  LoadCheckpoint();
-  int64_t step = Join();
-  if (step > 0) spdlog::info("client {}: the server has applied {} steps; continuing at step {}", options_.client_id, step, step);
+  if (!options_.checkpoint_dir.empty()) RequireWritableDirectory(options_.checkpoint_dir, "checkpoint_dir");
+  client_next_ = LoadCheckpoint();
+  // Resume at the earlier of the two sides: steps the server applied after this client's
+  // checkpoint are replayed for the client only, steps the client applied after the server's
+  // checkpoint are replayed for the server only (TrainStep, SplitServer::Step).
+  const int64_t server_next = Join();
+  int64_t step = std::min(client_next_, server_next);
+  if (step > 0 || server_next > 0) {
+    spdlog::info("client {}: the server has applied {} steps, this client {}; continuing at step {}", options_.client_id,
+                 server_next, client_next_, step);
+  }
   Progress progress("client " + options_.client_id, options_.steps);
   int refusals = 0;
   for (; step < options_.steps; ++step) {
@@ -362,9 +383,9 @@ double SplitClient::Run() {
       WriteCsv(records_.back());
     }
     if (options_.sync_every > 0 && (step + 1) % options_.sync_every == 0) SyncAdapters();
-    if ((step + 1) % options_.checkpoint_every == 0) SaveCheckpoint(step + 1);
+    if ((step + 1) % options_.checkpoint_every == 0) TrySaveCheckpoint(client_next_);
   }
-  SaveCheckpoint(step);
+  SaveCheckpoint(client_next_);
   const double metric = Evaluate();
   StepRecord last = records_.empty() ? StepRecord{} : records_.back();
   last.step = step;

@@ -74,6 +74,7 @@ struct StepRecord {
   double server_seconds = 0;      //   the server's compute
   double network_seconds = 0;     //   the rest of the exchange: transfer and queueing
   std::optional<double> metric;
+  bool applied = true;            // false: a replay whose update the client's weights already hold
 };
 
 class SplitClient {
@@ -87,6 +88,9 @@ class SplitClient {
   double Run();
   // Joins (or rejoins) the server and returns the step to run next.
   int64_t Join();
+  // Runs training step `step`. A step below the first one this client has not applied yet (a
+  // replay after the server lost steps) is sent for the server's sake, but the client's own
+  // weights are left as they are: each side applies each step once.
   StepRecord TrainStep(int64_t step);
   double Evaluate();
   // Collaborative mode: replaces this client's LoRA weights by the average over clients.
@@ -106,6 +110,8 @@ class SplitClient {
   StepResult Exchange(const StepInput& input);
   void WriteCsv(const StepRecord& r);
   void SaveCheckpoint(int64_t next_step);
+  // A failed periodic checkpoint is logged and training goes on (the previous one is intact).
+  void TrySaveCheckpoint(int64_t next_step);
   int64_t LoadCheckpoint();
 
   ClientOptions options_;
@@ -133,6 +139,7 @@ class SplitClient {
   std::string fingerprint_;
   std::vector<StepRecord> records_;
   std::ofstream csv_;
+  int64_t client_next_ = 0;  // the first step whose update the client's weights do not hold
 };
 
 }  // namespace amaq::client

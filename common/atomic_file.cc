@@ -66,4 +66,17 @@ void WriteFileAtomically(const std::string& path,
   }
 }
 
+void RequireWritableDirectory(const std::string& dir, const std::string& key) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  Require(!ec, ErrorCode::kFailedPrecondition,
+          "cannot create " + key + " '" + dir + "': " + ec.message() + ": choose a directory you can write");
+  try {
+    WriteFileAtomically(dir + "/.amaq-write-test", std::string());
+  } catch (const Error& e) {
+    throw Error(e.code(), key + " '" + dir + "' is not writable: " + e.what());
+  }
+  std::filesystem::remove(dir + "/.amaq-write-test", ec);
+}
+
 }  // namespace amaq

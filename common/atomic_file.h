@@ -19,4 +19,8 @@ inline void WriteFileAtomically(const std::string& path, const std::string& text
   WriteFileAtomically(path, {{text.data(), text.size()}});
 }
 
+// Creates `dir` if needed and checks that files can be written in it, so that a program finds out
+// at start, not at its first checkpoint. Throws amaq::Error naming `key` (the setting) and `dir`.
+void RequireWritableDirectory(const std::string& dir, const std::string& key);
+
 }  // namespace amaq

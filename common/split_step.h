@@ -39,6 +39,11 @@ struct StepResult {
   double server_seconds = 0;          // the server's compute time (decode, forward, backward, encode)
 };
 
+// Checks what can be checked of a step without the model: batch x tokens within
+// max_batch_tokens, mask and labels with batch x tokens entries, mask entries 0 or 1, labels -100
+// or a token id below vocab_size. Throws amaq::Error (kInvalidArgument) naming the field.
+void CheckStepFields(const StepInput& in, int64_t max_batch_tokens, int64_t vocab_size);
+
 // Named tensors as plain floats (collaborative adapter averaging).
 struct NamedFloat {
   std::vector<int64_t> shape;

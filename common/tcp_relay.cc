@@ -272,7 +272,8 @@ TcpRelay::~TcpRelay() {
     impl_->reset_timer.cancel();
     impl_->CloseAll();
   });
-  impl_->io.stop();
+  // With the acceptor, every socket and every timer closed, each pending handler completes with an
+  // error and starts nothing new, so the thread's run() returns: nothing is destroyed under asio.
   impl_->thread.join();
 }
 

@@ -25,65 +25,67 @@ grpc::StatusCode CodeOf(ErrorCode code) {
 }
 
 // One client's step stream: reassembles request chunks, computes on the service's worker, and
-// writes the reply in chunks, one step after another.
-class StepsReactor : public grpc::ServerBidiReactor<StepRequest, StepReply> {
+// writes the reply in chunks, one step after another. gRPC calls its methods from its own threads
+// and the watchdog may end it from another: every operation on the stream takes mutex_.
+class StepsReactor : public grpc::ServerBidiReactor<StepRequest, StepReply>, public WatchedStream {
  public:
-  StepsReactor(SplitTrainingService& service, std::string client) : service_(service), client_(std::move(client)) {
+  StepsReactor(SplitTrainingService& service, std::string client)
+      : service_(service), client_(std::move(client)), assembler_(service.limits()) {
     service_.SetConnected(client_, true);
-    StartRead(&request_);
+    service_.Watch(this);
+    Read();
   }
 
   void OnReadDone(bool ok) override {
     if (!ok) return End(grpc::Status::OK);  // the client closed its side
+    service_.CountTraffic(client_, request_.ByteSizeLong(), 0);
+    step_id_ = request_.step_id();
+    bool complete = false;
     try {
-      Accumulate();
+      complete = assembler_.Add(request_);
     } catch (const std::exception& e) {
+      spdlog::warn("client {}: malformed step stream: {}", client_, e.what());
       return End(ToStatus(e));
     }
-    if (request_.chunk_index() + 1 < request_.chunk_count()) {
-      StartRead(&request_);
-      return;
+    if (!complete) {
+      Progress(Phase::kReceiving);
+      return Read();
     }
+    Progress(Phase::kComputing);
+    input_ = assembler_.Take();
     service_.Post([this] { Compute(); });
   }
 
   void OnWriteDone(bool ok) override {
     if (!ok) return End(grpc::Status(grpc::StatusCode::CANCELLED, "the client went away"));
+    Progress(Phase::kReplying);
     WriteNext();
   }
 
   void OnDone() override {
+    service_.Unwatch(this);
     service_.SetConnected(client_, false);
     delete this;
   }
 
+  void CheckStall(std::chrono::steady_clock::time_point now, std::chrono::steady_clock::duration timeout) override {
+    const Phase phase = phase_.load();
+    if ((phase != Phase::kReceiving && phase != Phase::kReplying) || now - last_progress_.load() < timeout) return;
+    const std::string step = std::to_string(step_id_.load());
+    const std::string what = phase == Phase::kReceiving ? "sent part of step " + step : "stopped reading the reply to step " + step;
+    spdlog::warn("client {} {} and stalled: closing its stream", client_, what);
+    End(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                     "the client " + what + " and then nothing for " +
+                         std::to_string(std::chrono::duration<double>(timeout).count()) +
+                         " s (the server's stall_timeout_seconds): rejoin and send the step again"));
+  }
+
  private:
-  void Accumulate() {
-    const int limit = service_.options().max_chunk_bytes;
-    service_.CountTraffic(client_, request_.ByteSizeLong(), 0);
-    Require(request_.chunk_count() >= 1 && request_.chunk_count() <= service_.options().max_chunks &&
-                request_.chunk_index() == expected_chunk_ && static_cast<int>(request_.payload().size()) <= limit,
-            ErrorCode::kInvalidArgument,
-            "step chunk " + std::to_string(request_.chunk_index()) + "/" + std::to_string(request_.chunk_count()) +
-                " is out of order, too many or larger than max_chunk_bytes (" + std::to_string(limit) + ")");
-    if (expected_chunk_ == 0) {
-      input_ = StepInput{};
-      input_.step_id = request_.step_id();
-      Require(request_.kind() >= StepRequest::TRAIN && request_.kind() <= StepRequest::NEXT_TOKEN,
-              ErrorCode::kInvalidArgument, "unknown step kind");
-      input_.kind = static_cast<StepKind>(request_.kind());
-      input_.sample_ids.assign(request_.sample_ids().begin(), request_.sample_ids().end());
-      input_.batch = request_.batch();
-      input_.tokens = request_.tokens();
-      input_.mask.assign(request_.attention_mask().begin(), request_.attention_mask().end());
-      input_.labels.assign(request_.labels().begin(), request_.labels().end());
-      chunk_count_ = request_.chunk_count();
-    } else {
-      Require(request_.chunk_count() == chunk_count_ && request_.step_id() == input_.step_id, ErrorCode::kInvalidArgument,
-              "a step's chunks must agree on step_id and chunk_count");
-    }
-    input_.activation.insert(input_.activation.end(), request_.payload().begin(), request_.payload().end());
-    expected_chunk_ = request_.chunk_index() + 1 < request_.chunk_count() ? expected_chunk_ + 1 : 0;
+  enum class Phase { kIdle, kReceiving, kComputing, kReplying };
+
+  void Progress(Phase phase) {
+    last_progress_ = std::chrono::steady_clock::now();
+    phase_ = phase;
   }
 
   void Compute() {
@@ -115,31 +117,48 @@ class StepsReactor : public grpc::ServerBidiReactor<StepRequest, StepReply> {
       service_.CountTraffic(client_, 0, reply.ByteSizeLong());
       replies_.push_back(std::move(reply));
     }
-    input_.activation.clear();
+    input_.activation = {};
     next_reply_ = 0;
+    Progress(Phase::kReplying);
     WriteNext();
   }
 
   void WriteNext() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (finished_) return;
     if (next_reply_ < replies_.size()) {
       StartWrite(&replies_[next_reply_++]);
     } else {
+      phase_ = Phase::kIdle;
       StartRead(&request_);
     }
   }
 
+  void Read() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!finished_) StartRead(&request_);
+  }
+
   void End(const grpc::Status& status) {
-    if (!finished_.exchange(true)) Finish(status);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (finished_) return;
+    finished_ = true;
+    phase_ = Phase::kIdle;
+    Finish(status);
   }
 
   SplitTrainingService& service_;
   std::string client_;
+  StepAssembler assembler_;
   StepRequest request_;
   StepInput input_;
-  int expected_chunk_ = 0, chunk_count_ = 0;
   std::vector<StepReply> replies_;
   size_t next_reply_ = 0;
-  std::atomic<bool> finished_{false};
+  std::atomic<Phase> phase_{Phase::kIdle};
+  std::atomic<int64_t> step_id_{0};
+  std::atomic<std::chrono::steady_clock::time_point> last_progress_{std::chrono::steady_clock::now()};
+  std::mutex mutex_;
+  bool finished_ = false;
 };
 
 // A unary reactor that finishes at once with `status`.
@@ -158,6 +177,24 @@ grpc::Status ToStatus(const std::exception& e) {
 
 SplitTrainingService::SplitTrainingService(SplitServer& server, TokenStore& tokens, ServiceOptions options)
     : server_(server), tokens_(tokens), options_(std::move(options)) {
+  limits_.max_chunk_bytes = options_.max_chunk_bytes;
+  limits_.max_chunks = options_.max_chunks;
+  limits_.max_batch_tokens = server_.max_batch_tokens();
+  limits_.vocab_size = server_.config().vocab_size;
+  // fp32 of the largest batch, plus room for the codec's scales and bits tables.
+  limits_.max_step_bytes = static_cast<uint64_t>(limits_.max_batch_tokens) * server_.config().hidden_size * 4 + (1 << 20);
+  watchdog_ = std::thread([this] {
+    const auto timeout = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        std::chrono::duration<double>(options_.stall_timeout_seconds));
+    const auto period = std::min<std::chrono::steady_clock::duration>(timeout / 4, std::chrono::seconds(1));
+    std::unique_lock<std::recursive_mutex> lock(watch_mutex_);
+    while (!watch_stop_.wait_for(lock, period, [this] { return stopping_watch_; })) {
+      const std::set<WatchedStream*> watched = streams_;  // CheckStall may unwatch a stream
+    for (WatchedStream* stream : watched) {
+      if (streams_.count(stream)) stream->CheckStall(std::chrono::steady_clock::now(), timeout);
+    }
+    }
+  });
   worker_ = std::thread([this] {
     while (true) {
       std::function<void()> task;
@@ -175,6 +212,12 @@ SplitTrainingService::SplitTrainingService(SplitServer& server, TokenStore& toke
 
 SplitTrainingService::~SplitTrainingService() {
   {
+    std::lock_guard<std::recursive_mutex> lock(watch_mutex_);
+    stopping_watch_ = true;
+  }
+  watch_stop_.notify_all();
+  watchdog_.join();
+  {
     std::lock_guard<std::mutex> lock(queue_mutex_);
     stopping_ = true;
   }
@@ -188,6 +231,21 @@ void SplitTrainingService::Post(std::function<void()> fn) {
     queue_.push_back(std::move(fn));
   }
   queue_ready_.notify_one();
+}
+
+void SplitTrainingService::Watch(WatchedStream* stream) {
+  std::lock_guard<std::recursive_mutex> lock(watch_mutex_);
+  streams_.insert(stream);
+}
+
+void SplitTrainingService::Unwatch(WatchedStream* stream) {
+  std::lock_guard<std::recursive_mutex> lock(watch_mutex_);
+  streams_.erase(stream);
+}
+
+size_t SplitTrainingService::open_streams() const {
+  std::lock_guard<std::recursive_mutex> lock(watch_mutex_);
+  return streams_.size();
 }
 
 grpc::Status SplitTrainingService::Authenticate(const grpc::CallbackServerContext* context, std::string* client) {

@@ -1,33 +1,48 @@
 // The gRPC face of a SplitServer (proto/amaq/v1/split_training.proto), on gRPC's callback API.
 //
 // Every call is authenticated first (TokenStore); a Join binds the token's client id to a session.
-// Steps is one bidirectional stream per client: request chunks are reassembled (chunk counts and
-// sizes are bounded), complete steps go to a compute queue served by one worker thread (the model
-// is shared), and replies are written back in chunks. A malformed step ends that client's stream
-// with the error's status (the client reconnects); other clients are not affected.
+// Steps is one bidirectional stream per client: request chunks are reassembled by a StepAssembler
+// (chunk counts, chunk sizes and the bytes of one step are bounded), complete steps go to a compute
+// queue served by one worker thread (the model is shared), and replies are written back in chunks.
+// A malformed step ends that client's stream with the error's status (the client reconnects);
+// other clients are not affected. A stream that stalls in the middle of a step (no chunk received,
+// or no reply chunk taken, for stall_timeout_seconds) is ended with DEADLINE_EXCEEDED and its
+// buffers are freed; the client's session (step counter, LoRA) stays for its rejoin.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 
 #include "amaq/v1/split_training.grpc.pb.h"
 #include "server/split_server.h"
+#include "server/step_assembler.h"
 #include "server/token_store.h"
 
 namespace amaq::server {
 
 struct ServiceOptions {
   int max_chunk_bytes = 1 << 20;
-  int max_chunks = 4096;  // a step larger than max_chunk_bytes * max_chunks is refused
+  int max_chunks = 4096;
+  double stall_timeout_seconds = 30;
   std::string server_id = "amaq-server";
+};
+
+// A step stream the service watches for stalls (the Steps reactor).
+class WatchedStream {
+ public:
+  virtual ~WatchedStream() = default;
+  // Ends the stream when it has been stuck mid-step for longer than `timeout`.
+  virtual void CheckStall(std::chrono::steady_clock::time_point now, std::chrono::steady_clock::duration timeout) = 0;
 };
 
 // Per-client traffic as the service sees it: serialized protobuf bytes of every message.
@@ -51,6 +66,9 @@ class SplitTrainingService final : public amaq::v1::SplitTraining::CallbackServi
 
   // Runs fn on the compute thread.
   void Post(std::function<void()> fn);
+  void Watch(WatchedStream* stream);
+  void Unwatch(WatchedStream* stream);
+  size_t open_streams() const;
   std::map<std::string, Traffic> traffic() const;
   void CountTraffic(const std::string& client, uint64_t up, uint64_t down);
   void SetConnected(const std::string& client, bool connected);
@@ -60,11 +78,13 @@ class SplitTrainingService final : public amaq::v1::SplitTraining::CallbackServi
 
   SplitServer& server() { return server_; }
   const ServiceOptions& options() const { return options_; }
+  const StepLimits& limits() const { return limits_; }
 
  private:
   SplitServer& server_;
   TokenStore& tokens_;
   ServiceOptions options_;
+  StepLimits limits_;
   mutable std::mutex traffic_mutex_;
   std::map<std::string, Traffic> traffic_;
   std::mutex queue_mutex_;
@@ -72,6 +92,12 @@ class SplitTrainingService final : public amaq::v1::SplitTraining::CallbackServi
   std::deque<std::function<void()>> queue_;
   bool stopping_ = false;
   std::thread worker_;
+  // Recursive: a stream the watchdog ends may be unwatched (OnDone) on the watchdog's own thread.
+  mutable std::recursive_mutex watch_mutex_;
+  std::condition_variable_any watch_stop_;
+  std::set<WatchedStream*> streams_;
+  bool stopping_watch_ = false;
+  std::thread watchdog_;
 };
 
 // amaq::Error codes map one to one onto gRPC status codes.

@@ -47,6 +47,10 @@ std::string RenderMetrics(server::SplitTrainingService& service) {
   for (const auto& [id, s] : stats) out << "amaq_step_seconds{client=\"" << id << "\"} " << s.last_step_seconds << "\n";
   metric("amaq_connected", "gauge", "1 while the client's step stream is open");
   for (const auto& [id, t] : traffic) out << "amaq_connected{client=\"" << id << "\"} " << (t.connected ? 1 : 0) << "\n";
+  metric("amaq_open_streams", "gauge", "Step streams open now");
+  out << "amaq_open_streams " << service.open_streams() << "\n";
+  metric("amaq_checkpoint_failures_total", "counter", "Periodic checkpoints that failed (the previous one stays)");
+  out << "amaq_checkpoint_failures_total " << service.server().checkpoint_failures() << "\n";
   return out.str();
 }
 
@@ -74,6 +78,7 @@ int Run(const Config& c) {
   server::TokenStore tokens(c.String("tokens_file"));
   server::ServiceOptions service_options;
   service_options.max_chunk_bytes = static_cast<int>(c.Int("max_chunk_bytes"));
+  service_options.stall_timeout_seconds = c.Double("stall_timeout_seconds");
   server::SplitTrainingService service(split, tokens, service_options);
 
   grpc::ServerBuilder builder;

@@ -25,6 +25,7 @@ Config ServerConfig() {
   c.AddBool("insecure", false, "plain-text gRPC: for tests on loopback only");
   c.AddString("tokens_file", "", "file of \"client_id token\" lines; empty accepts any client (tests only)");
   c.AddInt("max_chunk_bytes", 1 << 20, "largest tensor chunk per gRPC message", 1024, 64 << 20);
+  c.AddDouble("stall_timeout_seconds", 30, "end a client's stream stuck this long in the middle of a step", 0.1, 1e6);
   c.AddInt("max_batch_tokens", 65536, "largest batch x tokens of one step", 1, 1 << 24);
   c.AddDouble("max_steps_per_second", 0, "per-client limit on training steps per second (0: none)", 0, 1e6);
   c.AddString("metrics_listen", "", "address:port of the Prometheus /metrics endpoint (empty: off)");

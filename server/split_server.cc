@@ -77,7 +77,7 @@ SplitServer::SplitServer(ServerOptions options) : options_(std::move(options)) {
   for (const auto& p : lora_params_) initial_lora_.push_back(p.detach().clone());
   if (options_.shared_lora) shared_ = NewLoraState();
   if (!options_.checkpoint_dir.empty()) {
-    std::filesystem::create_directories(options_.checkpoint_dir);
+    RequireWritableDirectory(options_.checkpoint_dir, "checkpoint_dir");
     if (std::filesystem::exists(CheckpointPath(options_))) LoadCheckpoint();
   }
   spdlog::info("server part: layers [{}, {}) + head of {} on {}, {} LoRA tensors, fingerprint {}",
@@ -184,17 +184,8 @@ StepResult SplitServer::Step(const std::string& client_id, const StepInput& in) 
   std::lock_guard<std::mutex> lock(mutex_);
   const auto started = std::chrono::steady_clock::now();
   Session& s = SessionOf(client_id);
+  CheckStepFields(in, options_.max_batch_tokens, config_.vocab_size);
   const int64_t n = in.batch * in.tokens;
-  Require(in.batch > 0 && in.tokens > 0 && n <= options_.max_batch_tokens, ErrorCode::kInvalidArgument,
-          "step shape batch " + std::to_string(in.batch) + " x tokens " + std::to_string(in.tokens) +
-              " is empty or above the server's max_batch_tokens " + std::to_string(options_.max_batch_tokens));
-  Require(static_cast<int64_t>(in.mask.size()) == n && static_cast<int64_t>(in.labels.size()) == n,
-          ErrorCode::kInvalidArgument, "attention_mask and labels must have batch x tokens entries");
-  for (int64_t i = 0; i < n; ++i) {
-    Require(in.mask[i] == 0 || in.mask[i] == 1, ErrorCode::kInvalidArgument, "attention_mask entries must be 0 or 1");
-    Require(in.labels[i] == -100 || (in.labels[i] >= 0 && in.labels[i] < config_.vocab_size),
-            ErrorCode::kInvalidArgument, "label " + std::to_string(in.labels[i]) + " is not -100 or a token id");
-  }
   if (options_.max_steps_per_second > 0 && in.kind == StepKind::kTrain) {
     const double since = std::chrono::duration<double>(started - s.last_step_at).count();
     Require(since >= 1.0 / options_.max_steps_per_second, ErrorCode::kResourceExhausted,
@@ -274,7 +265,17 @@ StepResult SplitServer::Step(const std::string& client_id, const StepInput& in) 
   }
   s.last_reply = result;
   s.last_reply->duplicate = true;
-  if (!duplicate && ++applied_since_checkpoint_ >= options_.checkpoint_every) CheckpointLocked();
+  if (!duplicate && ++applied_since_checkpoint_ >= options_.checkpoint_every) {
+    // A failed periodic checkpoint (disk full, folder gone) must not fail the step that was just
+    // applied: the previous checkpoint stays, the error is logged and counted, and the next step
+    // tries again. Checkpoint() (at shutdown) does throw.
+    try {
+      CheckpointLocked();
+    } catch (const Error& e) {
+      ++checkpoint_failures_;
+      spdlog::error("checkpoint failed (the previous one is intact; retrying after the next step): {}", e.what());
+    }
+  }
   return result;
 }
 
@@ -326,13 +327,13 @@ void SplitServer::Checkpoint() {
 
 void SplitServer::CheckpointLocked() {
   if (options_.checkpoint_dir.empty()) return;
-  applied_since_checkpoint_ = 0;
   torch::serialize::OutputArchive archive;
   std::string clients;
   for (const auto& [id, s] : sessions_) {
     clients += id + "\n";
     archive.write("client." + id + ".method", c10::IValue(s->method_text));
     archive.write("client." + id + ".last_applied", torch::tensor(s->last_applied));
+    archive.write("client." + id + ".applied_steps", torch::tensor(s->stats.steps));
     if (s->own) {
       Activate(*s->own);
       SaveLora(archive, "client." + id, s->own->values, *s->own->optimizer);
@@ -346,6 +347,7 @@ void SplitServer::CheckpointLocked() {
   std::ostringstream bytes;
   archive.save_to(bytes);
   WriteFileAtomically(CheckpointPath(options_), bytes.str());
+  applied_since_checkpoint_ = 0;
 }
 
 void SplitServer::LoadCheckpoint() {
@@ -381,7 +383,9 @@ void SplitServer::LoadCheckpoint() {
     torch::Tensor last;
     archive.read("client." + id + ".last_applied", last);
     s->last_applied = last.item<int64_t>();
-    s->stats.steps = s->last_applied + 1;
+    torch::Tensor applied;
+    archive.read("client." + id + ".applied_steps", applied);
+    s->stats.steps = applied.item<int64_t>();
     if (!options_.shared_lora) {
       s->own = NewLoraState();
       load_lora("client." + id, *s->own);

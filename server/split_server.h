@@ -12,6 +12,7 @@
 
 #include <torch/torch.h>
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -48,7 +49,7 @@ struct ServerOptions {
 };
 
 struct ClientStats {
-  int64_t steps = 0;             // TRAIN steps applied
+  int64_t steps = 0;             // TRAIN steps applied (kept in checkpoints: a step applied twice shows)
   uint64_t activation_bytes = 0; // codec bytes received
   uint64_t gradient_bytes = 0;   // codec bytes sent
   float last_loss = 0;
@@ -65,6 +66,8 @@ class SplitServer {
   // exactly when they hold the same base model split at the same layer.
   const std::string& fingerprint() const { return fingerprint_; }
   const std::string& device() const { return device_name_; }
+  const ModelConfig& config() const { return config_; }
+  int64_t max_batch_tokens() const { return options_.max_batch_tokens; }
 
   // Registers (or resumes) a client; returns its last applied step (-1: none). Throws amaq::Error
   // (kFailedPrecondition) when the fingerprint or the cut differ, (kInvalidArgument) for a bad
@@ -79,6 +82,8 @@ class SplitServer {
   // Writes every session's server-side state atomically (no-op without a checkpoint_dir).
   void Checkpoint();
   std::map<std::string, ClientStats> Stats() const;
+  // Periodic checkpoints that failed (each is logged; the previous checkpoint stays intact).
+  int64_t checkpoint_failures() const { return checkpoint_failures_; }
 
  private:
   struct LoraState;
@@ -102,6 +107,7 @@ class SplitServer {
   std::map<std::string, std::unique_ptr<Session>> sessions_;
   std::map<std::string, NamedFloats> adapters_;  // collaborative mode: each client's latest upload
   int64_t applied_since_checkpoint_ = 0;
+  std::atomic<int64_t> checkpoint_failures_{0};
   mutable std::mutex mutex_;  // one step at a time; guards sessions_
 };
 

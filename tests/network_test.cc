@@ -13,6 +13,7 @@
 #include "common/checkpoint.h"
 #include "common/error.h"
 #include "common/finetune.h"
+#include "common/netem_config.h"
 #include "common/tcp_relay.h"
 #include "server/grpc_service.h"
 #include "server/server_config.h"
@@ -265,6 +266,8 @@ TEST(Configuration, ExamplesLoadAndTheDocsListEveryKey) {
   EXPECT_NO_THROW(client.Load(ReadFile(root + "/deploy/config/client.yaml"), "client.yaml", {}));
   EXPECT_NE(docs.find(client::ClientConfig().Help()), std::string::npos)
       << "docs/configuration.md is stale: paste `amaq-client --help` into it";
+  EXPECT_NE(docs.find(NetemConfig().Help()), std::string::npos)
+      << "docs/configuration.md is stale: paste `amaq-netem --help` into it";
 }
 
 }  // namespace
