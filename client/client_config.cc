@@ -49,6 +49,7 @@ Config ClientConfig() {
   c.AddInt("checkpoint_every", 50, "steps between checkpoints", 1, INT64_MAX);
   c.AddInt("sync_every", 0, "collaborative mode: average the clients' adapters every N steps (0: off)", 0, INT64_MAX);
   c.AddString("adapter_out", "", "export the client's LoRA here in PEFT format at the end (empty: no)");
+  c.AddDouble("call_timeout_seconds", 60, "give up on one call or step after this long and retry it (a stalled link)", 0.1, 1e6);
   c.AddDouble("retry_seconds", 120, "how long to keep reconnecting to a lost server", 0, 1e9);
   c.AddInt("threads", 0, "intra-op CPU threads (0: every core)", 0, 1024);
   c.AddBool("progress", true, "progress bar on a terminal, log lines otherwise");

@@ -57,6 +57,7 @@ int Run(const Config& c) {
   g.server_name = c.String("tls_server_name");
   g.token = ReadToken(c);
   g.meter = c.Bool("meter");
+  g.call_timeout_seconds = c.Double("call_timeout_seconds");
   client::GrpcTransport transport(g);
 
   client::ClientOptions o;

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <list>
 #include <mutex>
 #include <random>
@@ -39,7 +40,9 @@ struct Relay {
   Clock::time_point started = Clock::now();
   Clock::time_point stall_from = Clock::time_point::max(), stall_until = Clock::time_point::min();
   Clock::time_point blackhole_from = Clock::time_point::max();
-  int64_t reset_budget = -1;  // bytes still to deliver before the scheduled reset (-1: none)
+  // A fault armed to strike once this many more bytes have been delivered (-1: none).
+  int64_t fault_budget = -1;
+  std::function<void()> fault;
   asio::steady_timer reset_timer{io};
   std::mt19937_64 jitter_rng;
   std::atomic<uint64_t> up{0}, down{0}, reset_count{0};
@@ -51,6 +54,7 @@ struct Relay {
   bool Stalled(Clock::time_point t) const { return t >= stall_from && t < stall_until; }
   void Delivered(size_t n);
   void CloseAll();
+  void StallNow(double seconds);
   void Accept();
 };
 
@@ -193,12 +197,17 @@ struct RelayConnection : std::enable_shared_from_this<RelayConnection> {
 struct TcpRelay::Impl : Relay {};
 
 void Relay::Delivered(size_t n) {
-  if (reset_budget < 0) return;
-  reset_budget -= static_cast<int64_t>(std::min<size_t>(n, static_cast<size_t>(reset_budget)));
-  if (reset_budget == 0) {
-    reset_budget = -1;
-    CloseAll();
+  if (fault_budget < 0) return;
+  fault_budget -= static_cast<int64_t>(std::min<size_t>(n, static_cast<size_t>(fault_budget)));
+  if (fault_budget == 0) {
+    fault_budget = -1;
+    fault();
   }
+}
+
+void Relay::StallNow(double seconds) {
+  stall_from = Clock::now();
+  stall_until = stall_from + Seconds(seconds);
 }
 
 void Relay::CloseAll() {
@@ -233,7 +242,10 @@ TcpRelay::TcpRelay(std::string upstream_host, uint16_t upstream_port, LinkOption
           ErrorCode::kInvalidArgument, "link rates, delays and the burst must not be negative (0 rate: unlimited)");
   impl_->link = link;
   impl_->jitter_rng.seed(link.seed);
-  impl_->reset_budget = link.reset_after_bytes;
+  if (link.reset_after_bytes >= 0) {
+    impl_->fault_budget = std::max<int64_t>(1, link.reset_after_bytes);
+    impl_->fault = [this] { impl_->CloseAll(); };
+  }
   if (link.stall_at_seconds >= 0) {
     impl_->stall_from = impl_->started + Seconds(link.stall_at_seconds);
     impl_->stall_until = impl_->stall_from + Seconds(link.stall_seconds);
@@ -287,13 +299,20 @@ void TcpRelay::ResetConnections() {
 }
 
 void TcpRelay::ResetAfter(uint64_t more_bytes) {
-  asio::post(impl_->io, [this, more_bytes] { impl_->reset_budget = static_cast<int64_t>(std::max<uint64_t>(1, more_bytes)); });
+  asio::post(impl_->io, [this, more_bytes] {
+    impl_->fault_budget = static_cast<int64_t>(std::max<uint64_t>(1, more_bytes));
+    impl_->fault = [this] { impl_->CloseAll(); };
+  });
 }
 
 void TcpRelay::Stall(double seconds) {
-  asio::post(impl_->io, [this, seconds] {
-    impl_->stall_from = Clock::now();
-    impl_->stall_until = impl_->stall_from + Seconds(seconds);
+  asio::post(impl_->io, [this, seconds] { impl_->StallNow(seconds); });
+}
+
+void TcpRelay::StallAfter(uint64_t more_bytes, double seconds) {
+  asio::post(impl_->io, [this, more_bytes, seconds] {
+    impl_->fault_budget = static_cast<int64_t>(std::max<uint64_t>(1, more_bytes));
+    impl_->fault = [this, seconds] { impl_->StallNow(seconds); };
   });
 }
 

@@ -51,6 +51,7 @@ class TcpRelay {
   void ResetConnections();                 // close every open connection, as a dropped link would
   void ResetAfter(uint64_t more_bytes);    // ... once this many more bytes have been delivered
   void Stall(double seconds);              // hold all traffic from now for this long
+  void StallAfter(uint64_t more_bytes, double seconds);  // ... once this many more bytes crossed
   void Blackhole(bool on);                 // drop everything (on) or carry traffic again (off)
 
  private:

@@ -17,81 +17,16 @@
 #include "common/tcp_relay.h"
 #include "server/grpc_service.h"
 #include "server/server_config.h"
+#include "network_fixture.h"
 #include "tiny_model.h"
 
 namespace amaq {
 namespace {
 
-const char kToken1[] = "token-of-client-one-0123456789";
-const char kToken2[] = "token-of-client-two-0123456789";
+using testing::kToken1;
+using testing::kToken2;
+using testing::Network;
 
-// Everything a test needs: a tiny model, certificates, tokens, and a running server.
-class Network : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    model_ = new std::string(testing::TinyModelDir("network"));
-    certs_ = new std::string(testing::TempDir("certs"));
-    const std::string command = std::string(AMAQ_SOURCE_DIR) + "/scripts/make-certs " + *certs_ + " client-1";
-    ASSERT_EQ(std::system(command.c_str()), 0) << command;
-    tokens_ = new std::string(*certs_ + "/tokens");
-    std::ofstream(*tokens_) << "client-1 " << kToken1 << "\nclient-2 " << kToken2 << "\n";
-  }
-
-  void StartServer(const std::string& checkpoint_dir = "", int port = 0) {
-    server::ServerOptions o = testing::TinyServerOptions(*model_);
-    o.checkpoint_dir = checkpoint_dir;
-    o.checkpoint_every = 1;
-    split_ = std::make_unique<server::SplitServer>(o);
-    tokens_store_ = std::make_unique<server::TokenStore>(*tokens_);
-    server::ServiceOptions s;
-    s.max_chunk_bytes = 4096;  // small: every step is chunked
-    service_ = std::make_unique<server::SplitTrainingService>(*split_, *tokens_store_, s);
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:" + std::to_string(port),
-                             MakeServerCredentials(TlsFiles{*certs_ + "/server.pem", *certs_ + "/server.key", ""}, false), &port_);
-    builder.RegisterService(service_.get());
-    grpc_ = builder.BuildAndStart();
-    ASSERT_TRUE(grpc_);
-  }
-
-  void StopServer() {
-    grpc_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-    grpc_.reset();
-    service_.reset();
-    split_.reset();
-  }
-
-  void TearDown() override {
-    if (grpc_) StopServer();
-  }
-
-  client::GrpcOptions ClientTransport(const std::string& token, int port) {
-    client::GrpcOptions g;
-    g.server = "127.0.0.1:" + std::to_string(port);
-    g.server_name = "localhost";
-    g.tls.ca = *certs_ + "/ca.pem";
-    g.token = token;
-    g.call_timeout_seconds = 10;
-    return g;
-  }
-
-  client::ClientOptions ClientFor(const std::string& id, const std::string& method, int64_t steps) {
-    return testing::TinyClientOptions(*model_, id, method, steps);
-  }
-
-  static std::string* model_;
-  static std::string* certs_;
-  static std::string* tokens_;
-  std::unique_ptr<server::SplitServer> split_;
-  std::unique_ptr<server::TokenStore> tokens_store_;
-  std::unique_ptr<server::SplitTrainingService> service_;
-  std::unique_ptr<grpc::Server> grpc_;
-  int port_ = 0;
-};
-
-std::string* Network::model_ = nullptr;
-std::string* Network::certs_ = nullptr;
-std::string* Network::tokens_ = nullptr;
 
 double MeanLoss(const std::vector<client::StepRecord>& r, size_t begin, size_t n) {
   double s = 0;
@@ -180,24 +115,12 @@ TEST_F(Network, UnauthenticatedClientsAreRefused) {
 
 TEST_F(Network, MalformedStepEndsThatStreamOnly) {
   StartServer();
-  const std::string fp = ModelFingerprint(*model_, 2);
   {
     // A raw client: joins properly, then sends codec bytes that are garbage.
-    auto channel = grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(port_),
-                                             MakeChannelCredentials(TlsFiles{"", "", *certs_ + "/ca.pem"}, false),
-                                             [] { grpc::ChannelArguments a; a.SetSslTargetNameOverride("localhost"); return a; }());
-    auto stub = amaq::v1::SplitTraining::NewStub(channel);
-    grpc::ClientContext join_context;
-    join_context.AddMetadata("authorization", std::string("Bearer ") + kToken2);
-    amaq::v1::JoinRequest join;
-    join.set_client_id("client-2");
-    join.set_model_fingerprint(fp);
-    join.set_cut_layer(2);
-    join.set_method("bf16");
-    amaq::v1::JoinReply joined;
-    ASSERT_TRUE(stub->Join(&join_context, join, &joined).ok());
+    auto stub = RawStub();
+    ASSERT_TRUE(RawJoin(*stub, kToken2, "client-2", "bf16").ok());
     grpc::ClientContext context;
-    context.AddMetadata("authorization", std::string("Bearer ") + kToken2);
+    Authorize(&context, kToken2);
     auto stream = stub->Steps(&context);
     amaq::v1::StepRequest request;
     request.set_batch(1);
