@@ -83,7 +83,13 @@ GrpcTransport::GrpcTransport(GrpcOptions options) : options_(std::move(options))
   if (!options_.insecure) args.SetSslTargetNameOverride(tls_name);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  channel_ = grpc::CreateCustomChannel(target, MakeChannelCredentials(options_.tls, options_.insecure), args);
+  target_ = target;
+  channel_args_ = args;
+  Connect();
+}
+
+void GrpcTransport::Connect() {
+  channel_ = grpc::CreateCustomChannel(target_, MakeChannelCredentials(options_.tls, options_.insecure), channel_args_);
   stub_ = amaq::v1::SplitTraining::NewStub(channel_);
 }
 
@@ -116,7 +122,12 @@ int64_t GrpcTransport::Join(const JoinInfo& info) {
   context.set_deadline(std::chrono::system_clock::now() +
                        std::chrono::milliseconds(static_cast<int64_t>(options_.call_timeout_seconds * 1000)));
   const grpc::Status status = stub_->Join(&context, request, &reply);
-  if (!status.ok()) throw ToError(status, "joining " + options_.server);
+  if (!status.ok()) {
+    // A channel that failed keeps backing off from a server that may be back already: the next
+    // Join starts from a fresh one.
+    if (status.error_code() == grpc::StatusCode::UNAVAILABLE) Connect();
+    throw ToError(status, "joining " + options_.server);
+  }
   message_up_ += request.ByteSizeLong();
   message_down_ += reply.ByteSizeLong();
   if (reply.max_chunk_bytes() > 0) max_chunk_bytes_ = reply.max_chunk_bytes();
@@ -177,7 +188,9 @@ StepResult GrpcTransport::Step(const StepInput& input) {
       result.next_tokens.assign(reply.next_tokens().begin(), reply.next_tokens().end());
     }
     Require(reply.chunk_index() == i && reply.step_id() == input.step_id, ErrorCode::kDataLoss,
-            "the server's reply chunks are out of order: rejoin");
+            "the server answered step " + std::to_string(reply.step_id()) + " chunk " + std::to_string(reply.chunk_index()) +
+                " where step " + std::to_string(input.step_id) + " chunk " + std::to_string(i) +
+                " was due: the server and this client disagree; restart the client");
     result.gradient.insert(result.gradient.end(), reply.payload().begin(), reply.payload().end());
   }
   return result;

@@ -41,11 +41,14 @@ class GrpcTransport : public Transport {
 
  private:
   void Authorize(grpc::ClientContext* context) const;
+  void Connect();  // a fresh channel to target_
   void CloseStream();
 
   GrpcOptions options_;
   std::string client_id_;
   std::unique_ptr<TcpRelay> relay_;
+  std::string target_;
+  grpc::ChannelArguments channel_args_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<amaq::v1::SplitTraining::Stub> stub_;
   std::unique_ptr<grpc::ClientContext> stream_context_;

@@ -195,7 +195,7 @@ StepResult SplitServer::Step(const std::string& client_id, const StepInput& in) 
   }
   bool duplicate = false;
   if (in.kind == StepKind::kTrain) {
-    if (in.step_id == s.last_applied && s.last_reply) {  // a retry: the stored reply
+    if (in.step_id == s.last_applied && s.last_reply && s.last_reply->step_id == in.step_id) {  // a retry
       StepResult again = *s.last_reply;
       again.gradient = s.encoder.Encode(s.last_gradient.data_ptr<float>(), s.last_gradient.size(0), s.last_gradient.size(1),
                                         s.last_gradient_bits, s.last_gradient_options).bytes;
@@ -245,11 +245,9 @@ StepResult SplitServer::Step(const std::string& client_id, const StepInput& in) 
   quant::Decoded shape;
   shape.bits = s.last_decoded_bits;
   shape.granularity = s.last_decoded_granularity;
-  s.last_gradient_bits = s.method.GradientBits(shape);
-  s.last_gradient_options = s.method.GradientOptions(shape);
-  const quant::Encoded encoded = s.encoder.Encode(grad.data_ptr<float>(), n, config_.hidden_size,
-                                                  s.last_gradient_bits, s.last_gradient_options);
-  s.last_gradient = grad;
+  const quant::BitsTable gradient_bits = s.method.GradientBits(shape);
+  const quant::EncodeOptions gradient_options = s.method.GradientOptions(shape);
+  const quant::Encoded encoded = s.encoder.Encode(grad.data_ptr<float>(), n, config_.hidden_size, gradient_bits, gradient_options);
   if (!duplicate) {
     if (options_.max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(lora_params_, options_.max_grad_norm);
     lora.optimizer->step();
@@ -259,12 +257,15 @@ StepResult SplitServer::Step(const std::string& client_id, const StepInput& in) 
   s.stats.last_loss = result.loss;
   s.stats.last_step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   result.server_seconds = s.stats.last_step_seconds;
-  if (!duplicate) {
+  if (!duplicate) {  // kept to answer a retry of this step; replays of older steps are not kept
     s.last_applied = in.step_id;
     ++s.stats.steps;
+    s.last_reply = result;
+    s.last_reply->duplicate = true;
+    s.last_gradient = grad;
+    s.last_gradient_bits = gradient_bits;
+    s.last_gradient_options = gradient_options;
   }
-  s.last_reply = result;
-  s.last_reply->duplicate = true;
   if (!duplicate && ++applied_since_checkpoint_ >= options_.checkpoint_every) {
     // A failed periodic checkpoint (disk full, folder gone) must not fail the step that was just
     // applied: the previous checkpoint stays, the error is logged and counted, and the next step

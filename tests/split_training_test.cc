@@ -196,6 +196,23 @@ TEST_F(ServerGuards, RetryAfterRejoinGetsTheSameGradient) {
   EXPECT_EQ(server_->Stats().at("m").steps, 1);
 }
 
+// A client restarted from an older checkpoint replays steps the server applied: they are answered
+// without being applied, and must not replace the stored answer to the last applied step.
+TEST_F(ServerGuards, ReplaysOfOlderStepsAreAnsweredButNotApplied) {
+  for (int64_t step = 0; step < 4; ++step) server_->Step("c", Valid(step));
+  for (int64_t step = 1; step < 3; ++step) {
+    const StepResult replay = server_->Step("c", Valid(step));
+    EXPECT_TRUE(replay.duplicate);
+    EXPECT_EQ(replay.step_id, step);
+  }
+  const StepResult last = server_->Step("c", Valid(3));
+  EXPECT_TRUE(last.duplicate);
+  EXPECT_EQ(last.step_id, 3) << "the answer to step 3, not to the replay of step 2";
+  EXPECT_EQ(server_->Stats().at("c").steps, 4);
+  EXPECT_FALSE(server_->Step("c", Valid(4)).duplicate);
+  EXPECT_EQ(server_->Stats().at("c").steps, 5);
+}
+
 TEST_F(ServerGuards, MalformedStepsAreRefusedAndStateIsKept) {
   StepInput bad = Valid(0);
   bad.activation[60] ^= 0xff;

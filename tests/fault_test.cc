@@ -1,0 +1,167 @@
+// Crashes of the real programs: amaq-server and amaq-client run as child processes over TLS and
+// are killed with SIGKILL in the middle of training, then started again. Every step must end up
+// applied exactly once on each side: the server's count of applied steps (kept in its
+// checkpoints) equals the steps run, and the client's CSV marks each step applied once.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "network_fixture.h"
+#include "process.h"
+
+namespace amaq {
+namespace {
+
+using testing::kToken1;
+using testing::kToken2;
+using testing::Process;
+using testing::WaitFor;
+
+struct CsvRow {
+  int64_t step = 0;
+  bool applied = false;
+};
+
+// The training rows of a client's CSV (the final evaluation row, with seconds 0, is left out).
+std::vector<CsvRow> TrainingRows(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<CsvRow> rows;
+  std::string line;
+  std::getline(in, line);  // header
+  while (std::getline(in, line)) {
+    std::vector<std::string> f;
+    std::stringstream fields(line);
+    for (std::string x; std::getline(fields, x, ',');) f.push_back(x);
+    if (f.size() < 14 || std::stod(f[12]) == 0) continue;
+    rows.push_back({std::stoll(f[2]), f[13] == "1"});
+  }
+  return rows;
+}
+
+class Crashes : public testing::Network {
+ protected:
+  void SetUp() override { dir_ = testing::TempDir("crash-" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name())); }
+
+  std::unique_ptr<Process> Server(int port, int checkpoint_every) {
+    const std::string port_file = dir_ + "/port";
+    std::filesystem::remove(port_file);
+    auto p = std::make_unique<Process>(
+        std::vector<std::string>{AMAQ_BIN_DIR "/amaq-server", "--model", *model_, "--seed", "7", "--lr", "0.01",
+                                 "--listen", "127.0.0.1:" + std::to_string(port), "--port_file", port_file,
+                                 "--tls_cert", *certs_ + "/server.pem", "--tls_key", *certs_ + "/server.key",
+                                 "--tokens_file", *tokens_, "--checkpoint_dir", dir_ + "/server",
+                                 "--checkpoint_every", std::to_string(checkpoint_every), "--threads", "1"},
+        dir_ + "/server.log");
+    EXPECT_TRUE(WaitFor([&] { return std::filesystem::exists(port_file) && std::filesystem::file_size(port_file) > 0; }, 60))
+        << p->Log();
+    std::ifstream(port_file) >> port_;
+    return p;
+  }
+
+  std::unique_ptr<Process> Client(const std::string& id, const std::string& token, int64_t steps) {
+    return std::make_unique<Process>(
+        std::vector<std::string>{AMAQ_BIN_DIR "/amaq-client", "--server", "127.0.0.1:" + std::to_string(port_),
+                                 "--tls_ca", *certs_ + "/ca.pem", "--tls_server_name", "localhost", "--token", token,
+                                 "--client_id", id, "--model", *model_, "--seed", "7", "--lr", "0.01", "--method", "bf16",
+                                 "--task", "jsonl", "--train_jsonl", Jsonl(), "--validation_jsonl", Jsonl(), "--steps", std::to_string(steps),
+                                 "--batch", "8", "--max_tokens", "16", "--eval_examples", "8", "--csv", Csv(id),
+                                 "--checkpoint_dir", dir_ + "/" + id, "--checkpoint_every", "4", "--retry_seconds", "60",
+                                 "--call_timeout_seconds", "10", "--threads", "1", "--progress=false"},
+        dir_ + "/" + id + ".log");
+  }
+
+  std::string Csv(const std::string& id) const { return dir_ + "/" + id + ".csv"; }
+
+  // The parity task as a user's JSONL file.
+  std::string Jsonl() const {
+    const std::string path = dir_ + "/train.jsonl";
+    if (!std::filesystem::exists(path)) {
+      std::ofstream out(path);
+      for (const auto& e : testing::ParityDataset(64).train) {
+        out << "{\"text\": \"" << e.prompt << "\", \"label\": \"" << e.completion << "\"}\n";
+      }
+    }
+    return path;
+  }
+
+  // The server's count of applied training steps per client (its Status call).
+  std::map<std::string, int64_t> AppliedSteps() {
+    auto stub = RawStub();
+    grpc::ClientContext context;
+    Authorize(&context, kToken1);
+    amaq::v1::StatusRequest request;
+    amaq::v1::StatusReply reply;
+    const grpc::Status status = stub->Status(&context, request, &reply);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    std::map<std::string, int64_t> steps;
+    for (const auto& c : reply.clients()) steps[c.client_id()] = c.steps();
+    return steps;
+  }
+
+  // Each step 0..steps-1 has exactly one CSV row that applied it on the client.
+  static void ExpectEachStepAppliedOnce(const std::vector<CsvRow>& rows, int64_t steps) {
+    std::map<int64_t, int> applied;
+    for (const auto& r : rows) applied[r.step] += r.applied ? 1 : 0;
+    for (int64_t s = 0; s < steps; ++s) EXPECT_EQ(applied[s], 1) << "step " << s;
+  }
+
+  std::string dir_;
+};
+
+TEST_F(Crashes, ClientKilledMidRunResumesFromItsCheckpoint) {
+  auto server = Server(0, 1);
+  auto client = Client("client-1", kToken1, 24);
+  ASSERT_TRUE(WaitFor([&] { return TrainingRows(Csv("client-1")).size() >= 10; }, 120)) << client->Log();
+  client->Kill(SIGKILL);
+  client->Wait();
+  const std::vector<CsvRow> before = TrainingRows(Csv("client-1"));
+  const int64_t reached = before.back().step;
+
+  auto restarted = Client("client-1", kToken1, 24);
+  ASSERT_EQ(restarted->Wait(), 0) << restarted->Log();
+  const std::vector<CsvRow> all = TrainingRows(Csv("client-1"));
+  const std::vector<CsvRow> after(all.begin() + static_cast<std::ptrdiff_t>(before.size()), all.end());
+  ASSERT_FALSE(after.empty());
+  const int64_t resumed = after.front().step;
+  EXPECT_EQ(resumed % 4, 0) << "the restart begins at its last checkpoint (every 4 steps)";
+  EXPECT_LE(resumed, reached + 1);
+  EXPECT_GT(resumed, 0) << "it did not start over";
+  EXPECT_NE(restarted->Log().find("restored its checkpoint of step " + std::to_string(resumed)), std::string::npos);
+  // The client lost what it applied after its checkpoint: it applies those steps again (the
+  // server answers them without applying), so each step is in the client's weights once: the
+  // killed run's rows up to the checkpoint, the restarted run's rows from it.
+  std::vector<CsvRow> kept;
+  for (const auto& r : before) {
+    if (r.step < resumed) kept.push_back(r);
+  }
+  kept.insert(kept.end(), after.begin(), after.end());
+  ExpectEachStepAppliedOnce(kept, 24);
+  EXPECT_EQ(AppliedSteps().at("client-1"), 24) << "the server applied each step once";
+}
+
+TEST_F(Crashes, ServerKilledMidRunClientsReconnectAndContinue) {
+  // Checkpoints every 5 steps: the kill loses up to 4 applied steps on the server's side.
+  auto server = Server(0, 5);
+  const int port = port_;
+  auto one = Client("client-1", kToken1, 30);
+  auto two = Client("client-2", kToken2, 30);
+  ASSERT_TRUE(WaitFor([&] { return TrainingRows(Csv("client-1")).size() >= 12; }, 120)) << one->Log();
+  server->Kill(SIGKILL);
+  server->Wait();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  server = Server(port, 5);
+  ASSERT_EQ(one->Wait(), 0) << one->Log();
+  ASSERT_EQ(two->Wait(), 0) << two->Log();
+  const auto applied = AppliedSteps();
+  for (const std::string id : {"client-1", "client-2"}) {
+    EXPECT_EQ(applied.at(id), 30) << id << ": the server's steps lost in the crash were applied again, once";
+    ExpectEachStepAppliedOnce(TrainingRows(Csv(id)), 30);
+  }
+  EXPECT_NE(server->Log().find("resumed 2 client sessions"), std::string::npos) << server->Log();
+}
+
+}  // namespace
+}  // namespace amaq
