@@ -1,16 +1,12 @@
 // The split-training system on this machine, over gRPC + TLS on loopback, with the base model and
-// WordNet: (1) per-step time of one client, split into client compute, compression (encode the
+// WordNet: per-step time of one client, split into client compute, compression (encode the
 // activation, decode the gradient), server compute and the rest of the exchange (transfer,
-// queueing), for each method; (2) server throughput with 1, 2, 4 and 8 concurrent clients (steps/s
-// over all clients, p50 and p99 step latency).
+// queueing), for each method. Throughput with many clients is bench_load's.
 //   bench_split [MODEL_DIR] [DATA_DIR]     (defaults: models/amaq-base data)
 #include <grpcpp/grpcpp.h>
 
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <thread>
 
 #include "client/grpc_transport.h"
 #include "client/split_client.h"
@@ -66,10 +62,6 @@ client::ClientOptions Options(const std::string& model, const std::string& id, c
   return o;
 }
 
-double Percentile(std::vector<double> v, double p) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
-}
 
 }  // namespace
 
@@ -105,30 +97,5 @@ int main(int argc, char** argv) {
                 network * 1e3, total * 1e3, up);
   }
 
-  std::printf("\nserver throughput, amaq:8->3, 20 steps per client, every client its own thread:\n");
-  std::printf("%8s %10s %12s %12s\n", "clients", "steps/s", "p50 ms", "p99 ms");
-  for (int clients : {1, 2, 4, 8}) {
-    Fixture f(model, certs);
-    std::vector<std::vector<client::StepRecord>> records(static_cast<size_t>(clients));
-    const auto start = std::chrono::steady_clock::now();
-    std::vector<std::thread> threads;
-    for (int i = 0; i < clients; ++i) {
-      threads.emplace_back([&, i] {
-        client::GrpcTransport transport(f.Transport());
-        client::SplitClient c(Options(model, "bench-" + std::to_string(i), "amaq:8->3", 20), wordnet, transport);
-        int64_t step = c.Join();
-        for (; step < 20; ++step) c.TrainStep(step);
-        records[static_cast<size_t>(i)] = c.records();
-      });
-    }
-    for (auto& t : threads) t.join();
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::vector<double> latency;
-    for (const auto& r : records) {
-      for (const auto& s : r) latency.push_back(s.seconds * 1e3);
-    }
-    std::printf("%8d %10.2f %12.1f %12.1f\n", clients, static_cast<double>(clients * 20) / seconds,
-                Percentile(latency, 0.5), Percentile(latency, 0.99));
-  }
   return 0;
 }

@@ -243,5 +243,36 @@ TEST_F(Network, LinkStallLongerThanTheTimeoutLosesNoStep) {
   EXPECT_GT(c.records()[4].seconds, 1.0) << "step 4 waited out the stall";
 }
 
+// Load: 8, then 16 clients at once, each on its own channel; nothing fails and every step of
+// every client is applied exactly once. (Throughput and memory figures: bench/bench_load.cc.)
+TEST_F(Network, EightAndSixteenConcurrentClientsAllFinish) {
+  use_tokens_ = false;
+  StartServer();
+  for (int clients : {8, 16}) {
+    std::atomic<int> failed{0};
+    std::vector<std::thread> threads;
+    for (int i = 0; i < clients; ++i) {
+      threads.emplace_back([&, i] {
+        try {
+          client::GrpcTransport transport(ClientTransport("", port_));
+          client::SplitClient c(ClientFor("load-" + std::to_string(clients) + "-" + std::to_string(i), "amaq:8->3", 4),
+                                testing::ParityDataset(32), transport);
+          int64_t step = c.Join();
+          for (; step < 4; ++step) c.TrainStep(step);
+        } catch (const std::exception& e) {
+          ADD_FAILURE() << "client " << i << ": " << e.what();
+          ++failed;
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    EXPECT_EQ(failed.load(), 0);
+    const auto stats = split_->Stats();
+    for (int i = 0; i < clients; ++i) {
+      EXPECT_EQ(stats.at("load-" + std::to_string(clients) + "-" + std::to_string(i)).steps, 4);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace amaq

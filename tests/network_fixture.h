@@ -46,7 +46,7 @@ class Network : public ::testing::Test {
     o.checkpoint_every = 1;
     o.max_batch_tokens = max_batch_tokens_;
     split_ = std::make_unique<server::SplitServer>(o);
-    tokens_store_ = std::make_unique<server::TokenStore>(*tokens_);
+    tokens_store_ = std::make_unique<server::TokenStore>(use_tokens_ ? *tokens_ : "");
     server::ServiceOptions s;
     s.max_chunk_bytes = 4096;  // small: every step is chunked
     s.stall_timeout_seconds = stall_timeout_seconds_;
@@ -105,6 +105,7 @@ class Network : public ::testing::Test {
   }
 
   double stall_timeout_seconds_ = 30;
+  bool use_tokens_ = true;  // false: every client is accepted as the id it claims
   int64_t max_batch_tokens_ = 65536;
   static std::string* model_;
   static std::string* certs_;

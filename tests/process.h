@@ -44,6 +44,7 @@ class Process {
   Process& operator=(const Process&) = delete;
 
   void Kill(int signal) { kill(pid_, signal); }
+  int pid() const { return pid_; }
   // The exit code (128 + signal when killed).
   int Wait() {
     int status = 0;
