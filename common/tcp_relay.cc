@@ -109,7 +109,8 @@ struct RelayConnection : std::enable_shared_from_this<RelayConnection> {
       p.reading = false;
       if (ec == asio::error::eof) {  // the sender is done: deliver what is queued, then pass the EOF on
         p.ended = true;
-        return Next(p);
+        if (!p.writing) Next(p);  // else the write in flight continues with Next
+        return;
       }
       if (ec || closed) return Close();
       if (!link.Blackholed()) Enqueue(p, n);
@@ -161,6 +162,7 @@ struct RelayConnection : std::enable_shared_from_this<RelayConnection> {
     });
   }
 
+  // Called when the pipe's write (or wait) has finished: starts the next one.
   void Next(Pipe& p) {
     p.writing = false;
     if (closed) return;

@@ -29,8 +29,8 @@ grpc::StatusCode CodeOf(ErrorCode code) {
 // and the watchdog may end it from another: every operation on the stream takes mutex_.
 class StepsReactor : public grpc::ServerBidiReactor<StepRequest, StepReply>, public WatchedStream {
  public:
-  StepsReactor(SplitTrainingService& service, std::string client)
-      : service_(service), client_(std::move(client)), assembler_(service.limits()) {
+  StepsReactor(SplitTrainingService& service, std::string client, std::string token)
+      : service_(service), client_(std::move(client)), token_(std::move(token)), assembler_(service.limits()) {
     service_.SetConnected(client_, true);
     service_.Watch(this);
     Read();
@@ -50,6 +50,10 @@ class StepsReactor : public grpc::ServerBidiReactor<StepRequest, StepReply>, pub
     if (!complete) {
       Progress(Phase::kReceiving);
       return Read();
+    }
+    if (!service_.StillAuthorized(token_, client_)) {  // revoked while the stream was open
+      return End(grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                              "the token of client '" + client_ + "' was revoked: ask the server's operator for a new one"));
     }
     Progress(Phase::kComputing);
     input_ = assembler_.Take();
@@ -149,6 +153,7 @@ class StepsReactor : public grpc::ServerBidiReactor<StepRequest, StepReply>, pub
 
   SplitTrainingService& service_;
   std::string client_;
+  std::string token_;  // checked again before every step: a revocation ends the stream
   StepAssembler assembler_;
   StepRequest request_;
   StepInput input_;
@@ -248,11 +253,20 @@ size_t SplitTrainingService::open_streams() const {
   return streams_.size();
 }
 
-grpc::Status SplitTrainingService::Authenticate(const grpc::CallbackServerContext* context, std::string* client) {
+std::string SplitTrainingService::TokenOf(const grpc::CallbackServerContext* context) {
   const auto& metadata = context->client_metadata();
   const auto it = metadata.find("authorization");
   const std::string header = it == metadata.end() ? "" : std::string(it->second.data(), it->second.size());
-  const std::string token = header.rfind("Bearer ", 0) == 0 ? header.substr(7) : "";
+  return header.rfind("Bearer ", 0) == 0 ? header.substr(7) : "";
+}
+
+bool SplitTrainingService::StillAuthorized(const std::string& token, const std::string& client) {
+  return !tokens_.enabled() || tokens_.ClientOf(token) == client;
+}
+
+grpc::Status SplitTrainingService::Authenticate(const grpc::CallbackServerContext* context, std::string* client) {
+  const auto& metadata = context->client_metadata();
+  const std::string token = TokenOf(context);
   if (!tokens_.enabled()) {
     const auto claimed = metadata.find("x-amaq-client");
     *client = claimed == metadata.end() ? "" : std::string(claimed->second.data(), claimed->second.size());
@@ -299,7 +313,7 @@ grpc::ServerBidiReactor<StepRequest, StepReply>* SplitTrainingService::Steps(grp
     };
     return new Refuse(status.ok() ? grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no client id: call Join first") : status);
   }
-  return new StepsReactor(*this, client);
+  return new StepsReactor(*this, client, TokenOf(context));
 }
 
 grpc::ServerUnaryReactor* SplitTrainingService::SyncAdapters(grpc::CallbackServerContext* context,

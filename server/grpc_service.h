@@ -74,7 +74,10 @@ class SplitTrainingService final : public amaq::v1::SplitTraining::CallbackServi
   void SetConnected(const std::string& client, bool connected);
 
   // The client a call acts as, or an UNAUTHENTICATED status.
-  grpc::Status Authenticate(const grpc::CallbackServerContext* context, std::string* client) ;
+  grpc::Status Authenticate(const grpc::CallbackServerContext* context, std::string* client);
+  // Whether `token` still belongs to `client` (tokens are re-read when their file changes).
+  bool StillAuthorized(const std::string& token, const std::string& client);
+  static std::string TokenOf(const grpc::CallbackServerContext* context);
 
   SplitServer& server() { return server_; }
   const ServiceOptions& options() const { return options_; }

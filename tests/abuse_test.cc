@@ -53,16 +53,25 @@ grpc::Status SendSteps(amaq::v1::SplitTraining::Stub& stub, const std::vector<St
   return stream->Finish();
 }
 
-TEST_F(Network, RevokedTokenIsRefusedOnTheNextCall) {
+TEST_F(Network, RevokedTokenIsRefusedOnTheNextStepAndCall) {
   StartServer();
   auto stub = RawStub();
-  ASSERT_TRUE(RawJoin(*stub, kToken1, "client-1", "bf16").ok());
+  client::GrpcTransport transport(ClientTransport(kToken1, port_));
+  client::SplitClient c(ClientFor("client-1", "bf16", 4), testing::ParityDataset(16), transport);
+  c.TrainStep(c.Join());  // the step stream is open
   const std::string saved = [&] {
     std::ifstream in(*tokens_);
     return std::string(std::istreambuf_iterator<char>(in), {});
   }();
   std::ofstream(*tokens_) << "client-2 " << kToken2 << "\n";  // the operator revokes client-1
   std::filesystem::last_write_time(*tokens_, std::filesystem::file_time_type::clock::now() + std::chrono::seconds(2));
+  try {
+    c.TrainStep(1);
+    ADD_FAILURE() << "a step on a stream opened before the revocation must be refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnauthenticated) << e.what();
+  }
+  EXPECT_EQ(split_->Stats().at("client-1").steps, 1);
   const grpc::Status revoked = RawJoin(*stub, kToken1, "client-1", "bf16");
   std::ofstream(*tokens_) << saved;
   std::filesystem::last_write_time(*tokens_, std::filesystem::file_time_type::clock::now() + std::chrono::seconds(4));

@@ -193,6 +193,38 @@ TEST(Link, BlackholeDropsEverythingSilently) {
   EXPECT_EQ(received.load(), 0u);
 }
 
+TEST(Link, ScheduledFaultsStrikeAtTheirTimes) {
+  Upstream echo([](tcp::socket& s) {
+    std::vector<char> b(4);
+    boost::system::error_code ec;
+    while (!ec) {
+      asio::read(s, asio::buffer(b), ec);
+      if (!ec) asio::write(s, asio::buffer(b), ec);
+    }
+  });
+  LinkOptions link;
+  link.stall_at_seconds = 0.1;
+  link.stall_seconds = 0.3;
+  link.reset_at_seconds = 0.6;
+  const auto started = Clock::now();
+  TcpRelay relay("127.0.0.1", echo.port(), link);
+  asio::io_context io;
+  tcp::socket s = Connect(io, relay);
+  std::vector<char> b(4, 'e');
+  asio::write(s, asio::buffer(b));
+  asio::read(s, asio::buffer(b));
+  EXPECT_LT(SecondsSince(started), 0.1) << "before the stall the link is quick";
+  std::this_thread::sleep_for(std::chrono::milliseconds(150) - (Clock::now() - started));
+  asio::write(s, asio::buffer(b));
+  asio::read(s, asio::buffer(b));
+  EXPECT_GE(SecondsSince(started), 0.4) << "an echo sent during the stall arrives after it";
+  boost::system::error_code ec;
+  asio::read(s, asio::buffer(b), ec);  // nothing more comes: the scheduled reset ends the wait
+  EXPECT_TRUE(ec);
+  EXPECT_GE(SecondsSince(started), 0.55);
+  EXPECT_EQ(relay.resets(), 1u);
+}
+
 TEST(Link, RefusesImpossibleSettings) {
   LinkOptions link;
   link.latency_seconds = -1;
