@@ -1,6 +1,11 @@
 #include "common/program.h"
 
+#include <signal.h>
 #include <spdlog/spdlog.h>
+
+#include <cerrno>
+#include <cmath>
+#include <ctime>
 
 #include "common/error.h"
 
@@ -20,6 +25,40 @@ int RunProgram(Config& config, int argc, char** argv, const std::function<int(co
     const std::string what = e.what();
     spdlog::error("internal error: {} (please report it)", what.substr(0, what.find('\n')));
     return 1;
+  }
+}
+
+namespace {
+
+sigset_t StopSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  return signals;
+}
+
+}  // namespace
+
+void BlockStopSignals() {
+  const sigset_t signals = StopSignals();
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+}
+
+int WaitForStopSignal(double seconds) {
+  const sigset_t signals = StopSignals();
+  while (true) {
+    int received = 0;
+    if (seconds <= 0) {
+      if (sigwait(&signals, &received) == 0) return received;
+      continue;
+    }
+    timespec wait{};
+    wait.tv_sec = static_cast<time_t>(seconds);
+    wait.tv_nsec = static_cast<long>(std::fmod(seconds, 1.0) * 1e9);
+    received = sigtimedwait(&signals, nullptr, &wait);
+    if (received > 0) return received;
+    if (errno == EAGAIN) return 0;  // the time passed; EINTR: wait again
   }
 }
 

@@ -11,4 +11,11 @@ namespace amaq {
 
 int RunProgram(Config& config, int argc, char** argv, const std::function<int(const Config&)>& run);
 
+// SIGINT and SIGTERM stop the long-running programs (amaq-server, amaq-netem) cleanly.
+// BlockStopSignals() blocks them in the calling thread: call it first in main, so that every
+// thread started later inherits the mask and the signals wait for WaitForStopSignal, which returns
+// the signal, or 0 when `seconds` (> 0) passed first.
+void BlockStopSignals();
+int WaitForStopSignal(double seconds = 0);
+
 }  // namespace amaq

@@ -2,7 +2,6 @@
 // Settings: --config server.yaml and/or --key value flags (docs/configuration.md). SIGINT/SIGTERM
 // drain the steps in flight, write a checkpoint and exit.
 #include <grpcpp/grpcpp.h>
-#include <signal.h>
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
@@ -100,12 +99,7 @@ int Run(const Config& c) {
   }
   spdlog::info("amaq-server listening on port {} ({})", port, c.Bool("insecure") ? "plain text" : "TLS");
 
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  int received = 0;
-  sigwait(&signals, &received);
+  const int received = WaitForStopSignal();
   spdlog::info("signal {}: draining steps in flight", received);
   grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
   split.Checkpoint();
@@ -116,12 +110,7 @@ int Run(const Config& c) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Signals are taken by sigwait in Run; every thread started later inherits the mask.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  BlockStopSignals();  // taken by WaitForStopSignal in Run
   Config config = server::ServerConfig();
   return RunProgram(config, argc, argv, Run);
 }

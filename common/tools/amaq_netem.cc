@@ -5,11 +5,8 @@
 // client's `server` at it to preview a link; the tests and scripts/bench-network use it the same way.
 //   amaq-netem --upstream 127.0.0.1:50051 --listen 127.0.0.1:50061 --up_mbit 10 --down_mbit 10 --latency_ms 20
 // It logs the traffic it carried every --report_seconds and stops on SIGINT/SIGTERM.
-#include <signal.h>
 #include <spdlog/spdlog.h>
 
-#include <cmath>
-#include <ctime>
 #include <fstream>
 
 #include "common/config.h"
@@ -41,25 +38,14 @@ int Run(const Config& c) {
   spdlog::info("amaq-netem: port {} -> {}: up {}, down {}, latency {} ms + jitter {} ms", relay.port(), c.String("upstream"),
                rate(c.Double("up_mbit")), rate(c.Double("down_mbit")), c.Double("latency_ms"), c.Double("jitter_ms"));
 
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
   const double every = c.Double("report_seconds");
   uint64_t last_up = 0, last_down = 0;
-  while (true) {
-    timespec wait{};
-    wait.tv_sec = every > 0 ? static_cast<time_t>(every) : 3600;
-    wait.tv_nsec = every > 0 ? static_cast<long>(std::fmod(every, 1.0) * 1e9) : 0;
-    const int received = sigtimedwait(&signals, nullptr, &wait);
+  while (WaitForStopSignal(every) == 0) {  // every report_seconds until SIGINT/SIGTERM
     const uint64_t up = relay.bytes_up(), down = relay.bytes_down();
-    if (every > 0) {
-      spdlog::info("carried up {:.2f} MB ({:.2f} Mbit/s), down {:.2f} MB ({:.2f} Mbit/s), {} resets", up / 1e6,
-                   (up - last_up) * 8 / every / 1e6, down / 1e6, (down - last_down) * 8 / every / 1e6, relay.resets());
-    }
+    spdlog::info("carried up {:.2f} MB ({:.2f} Mbit/s), down {:.2f} MB ({:.2f} Mbit/s), {} resets", up / 1e6,
+                 (up - last_up) * 8 / every / 1e6, down / 1e6, (down - last_down) * 8 / every / 1e6, relay.resets());
     last_up = up;
     last_down = down;
-    if (received == SIGINT || received == SIGTERM) break;
   }
   spdlog::info("amaq-netem: stopped after up {} bytes, down {} bytes", relay.bytes_up(), relay.bytes_down());
   return 0;
@@ -68,11 +54,7 @@ int Run(const Config& c) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  BlockStopSignals();
   Config config = NetemConfig();
   return RunProgram(config, argc, argv, Run);
 }
