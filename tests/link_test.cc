@@ -203,9 +203,9 @@ TEST(Link, ScheduledFaultsStrikeAtTheirTimes) {
     }
   });
   LinkOptions link;
-  link.stall_at_seconds = 0.1;
+  link.stall_at_seconds = 0.2;
   link.stall_seconds = 0.3;
-  link.reset_at_seconds = 0.6;
+  link.reset_at_seconds = 0.8;
   const auto started = Clock::now();
   TcpRelay relay("127.0.0.1", echo.port(), link);
   asio::io_context io;
@@ -213,15 +213,15 @@ TEST(Link, ScheduledFaultsStrikeAtTheirTimes) {
   std::vector<char> b(4, 'e');
   asio::write(s, asio::buffer(b));
   asio::read(s, asio::buffer(b));
-  EXPECT_LT(SecondsSince(started), 0.1) << "before the stall the link is quick";
-  std::this_thread::sleep_for(std::chrono::milliseconds(150) - (Clock::now() - started));
+  EXPECT_LT(SecondsSince(started), 0.2) << "before the stall the link is quick";
+  std::this_thread::sleep_for(std::chrono::milliseconds(250) - (Clock::now() - started));
   asio::write(s, asio::buffer(b));
   asio::read(s, asio::buffer(b));
-  EXPECT_GE(SecondsSince(started), 0.4) << "an echo sent during the stall arrives after it";
+  EXPECT_GE(SecondsSince(started), 0.45) << "an echo sent during the stall arrives after it";
   boost::system::error_code ec;
   asio::read(s, asio::buffer(b), ec);  // nothing more comes: the scheduled reset ends the wait
   EXPECT_TRUE(ec);
-  EXPECT_GE(SecondsSince(started), 0.55);
+  EXPECT_GE(SecondsSince(started), 0.75);
   EXPECT_EQ(relay.resets(), 1u);
 }
 
