@@ -100,6 +100,12 @@ void GrpcTransport::Authorize(grpc::ClientContext* context) const {
   context->AddMetadata("x-amaq-client", client_id_);
 }
 
+void GrpcTransport::AuthorizeCall(grpc::ClientContext* context) const {
+  Authorize(context);
+  context->set_deadline(std::chrono::system_clock::now() +
+                        std::chrono::milliseconds(static_cast<int64_t>(options_.call_timeout_seconds * 1000)));
+}
+
 void GrpcTransport::CloseStream() {
   if (!stream_) return;
   stream_context_->TryCancel();
@@ -118,9 +124,7 @@ int64_t GrpcTransport::Join(const JoinInfo& info) {
   request.set_method(info.method);
   amaq::v1::JoinReply reply;
   grpc::ClientContext context;
-  Authorize(&context);
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::milliseconds(static_cast<int64_t>(options_.call_timeout_seconds * 1000)));
+  AuthorizeCall(&context);
   const grpc::Status status = stub_->Join(&context, request, &reply);
   if (!status.ok()) {
     // A channel that failed keeps backing off from a server that may be back already: the next
@@ -206,9 +210,7 @@ NamedFloats GrpcTransport::SyncAdapters(const NamedFloats& adapter) {
   }
   amaq::v1::AdapterAverage reply;
   grpc::ClientContext context;
-  Authorize(&context);
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::milliseconds(static_cast<int64_t>(options_.call_timeout_seconds * 1000)));
+  AuthorizeCall(&context);
   const grpc::Status status = stub_->SyncAdapters(&context, request, &reply);
   if (!status.ok()) throw ToError(status, "averaging adapters");
   message_up_ += request.ByteSizeLong();

@@ -41,6 +41,7 @@ class GrpcTransport : public Transport {
 
  private:
   void Authorize(grpc::ClientContext* context) const;
+  void AuthorizeCall(grpc::ClientContext* context) const;  // a unary call: also its deadline
   void Connect();  // a fresh channel to target_
   void CloseStream();
 

@@ -54,7 +54,9 @@ struct Relay {
   bool Stalled(Clock::time_point t) const { return t >= stall_from && t < stall_until; }
   void Delivered(size_t n);
   void CloseAll();
-  void StallNow(double seconds);
+  void Stall(Clock::time_point from, double seconds);
+  // Arms `action` to run once `bytes` more (at least 1) have been delivered.
+  void ArmFault(uint64_t bytes, std::function<void()> action);
   void Accept();
 };
 
@@ -207,9 +209,14 @@ void Relay::Delivered(size_t n) {
   }
 }
 
-void Relay::StallNow(double seconds) {
-  stall_from = Clock::now();
-  stall_until = stall_from + Seconds(seconds);
+void Relay::Stall(Clock::time_point from, double seconds) {
+  stall_from = from;
+  stall_until = from + Seconds(seconds);
+}
+
+void Relay::ArmFault(uint64_t bytes, std::function<void()> action) {
+  fault_budget = static_cast<int64_t>(std::max<uint64_t>(1, bytes));
+  fault = std::move(action);
 }
 
 void Relay::CloseAll() {
@@ -245,12 +252,10 @@ TcpRelay::TcpRelay(std::string upstream_host, uint16_t upstream_port, LinkOption
   impl_->link = link;
   impl_->jitter_rng.seed(link.seed);
   if (link.reset_after_bytes >= 0) {
-    impl_->fault_budget = std::max<int64_t>(1, link.reset_after_bytes);
-    impl_->fault = [this] { impl_->CloseAll(); };
+    impl_->ArmFault(static_cast<uint64_t>(link.reset_after_bytes), [this] { impl_->CloseAll(); });
   }
   if (link.stall_at_seconds >= 0) {
-    impl_->stall_from = impl_->started + Seconds(link.stall_at_seconds);
-    impl_->stall_until = impl_->stall_from + Seconds(link.stall_seconds);
+    impl_->Stall(impl_->started + Seconds(link.stall_at_seconds), link.stall_seconds);
   }
   if (link.blackhole_at_seconds >= 0) impl_->blackhole_from = impl_->started + Seconds(link.blackhole_at_seconds);
   if (link.reset_at_seconds >= 0) {
@@ -301,20 +306,16 @@ void TcpRelay::ResetConnections() {
 }
 
 void TcpRelay::ResetAfter(uint64_t more_bytes) {
-  asio::post(impl_->io, [this, more_bytes] {
-    impl_->fault_budget = static_cast<int64_t>(std::max<uint64_t>(1, more_bytes));
-    impl_->fault = [this] { impl_->CloseAll(); };
-  });
+  asio::post(impl_->io, [this, more_bytes] { impl_->ArmFault(more_bytes, [this] { impl_->CloseAll(); }); });
 }
 
 void TcpRelay::Stall(double seconds) {
-  asio::post(impl_->io, [this, seconds] { impl_->StallNow(seconds); });
+  asio::post(impl_->io, [this, seconds] { impl_->Stall(Clock::now(), seconds); });
 }
 
 void TcpRelay::StallAfter(uint64_t more_bytes, double seconds) {
   asio::post(impl_->io, [this, more_bytes, seconds] {
-    impl_->fault_budget = static_cast<int64_t>(std::max<uint64_t>(1, more_bytes));
-    impl_->fault = [this, seconds] { impl_->StallNow(seconds); };
+    impl_->ArmFault(more_bytes, [this, seconds] { impl_->Stall(Clock::now(), seconds); });
   });
 }
 
