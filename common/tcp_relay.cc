@@ -98,6 +98,11 @@ struct RelayConnection : std::enable_shared_from_this<RelayConnection> {
   }
 
   void Start() {
+    // Forward each chunk as soon as it is due: with Nagle's algorithm a chunk's tail would wait
+    // for the peer's delayed ACK (tens of milliseconds a step; gRPC's own sockets disable it too).
+    boost::system::error_code ignored;
+    client.set_option(tcp::no_delay(true), ignored);
+    upstream.set_option(tcp::no_delay(true), ignored);
     Read(up);
     Read(down);
   }

@@ -193,6 +193,32 @@ TEST(Link, BlackholeDropsEverythingSilently) {
   EXPECT_EQ(received.load(), 0u);
 }
 
+// An unshaped relay adds no delay of its own: messages of several chunks (a step's request) cross
+// it without waiting for delayed ACKs (Nagle's algorithm is off on both sockets).
+TEST(Link, UnshapedRelayAddsNoDelayToMultiChunkMessages) {
+  constexpr size_t kMessage = 40000;  // three reads of the relay
+  Upstream echo([](tcp::socket& s) {
+    std::vector<char> b(kMessage);
+    boost::system::error_code ec;
+    while (!ec) {
+      asio::read(s, asio::buffer(b), ec);
+      if (!ec) asio::write(s, asio::buffer(b), ec);
+    }
+  });
+  TcpRelay relay("127.0.0.1", echo.port());
+  asio::io_context io;
+  tcp::socket s = Connect(io, relay);
+  s.set_option(tcp::no_delay(true));
+  std::vector<char> b(kMessage, 'n');
+  const auto started = Clock::now();
+  for (int i = 0; i < 20; ++i) {
+    asio::write(s, asio::buffer(b));
+    asio::read(s, asio::buffer(b));
+  }
+  const double per_trip = SecondsSince(started) / 20;
+  EXPECT_LT(per_trip, 0.015) << "a round trip took " << per_trip * 1e3 << " ms (delayed ACKs: is TCP_NODELAY set?)";
+}
+
 TEST(Link, ScheduledFaultsStrikeAtTheirTimes) {
   Upstream echo([](tcp::socket& s) {
     std::vector<char> b(4);
