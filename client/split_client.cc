@@ -27,6 +27,23 @@ std::vector<int32_t> Flat(const torch::Tensor& t) {
 
 }  // namespace
 
+template <typename F>
+auto SplitClient::RetryWhileUnavailable(const std::string& what, F attempt) -> decltype(attempt()) {
+  const auto started = Clock::now();
+  double backoff = 0.5;
+  while (true) {
+    try {
+      return attempt();
+    } catch (const Error& e) {
+      const double waited = std::chrono::duration<double>(Clock::now() - started).count();
+      if (e.code() != ErrorCode::kUnavailable || waited > options_.retry_seconds) throw;
+      spdlog::warn("{}: {} (retrying in {:.1f} s)", what, e.what(), backoff);
+      std::this_thread::sleep_for(std::chrono::duration<double>(backoff));
+      backoff = std::min(backoff * 2, 10.0);
+    }
+  }
+}
+
 SplitClient::SplitClient(ClientOptions options, Dataset data, Transport& transport)
     : options_(std::move(options)), data_(std::move(data)), transport_(transport),
       method_(quant::Method::Parse(options_.method)) {
@@ -140,28 +157,18 @@ std::vector<uint8_t> SplitClient::EncodeForEvaluation(const torch::Tensor& x) {
 }
 
 StepResult SplitClient::Exchange(const StepInput& input) {
-  const auto started = Clock::now();
-  double backoff = 0.5;
   StepInput attempt = input;
-  while (true) {
-    try {
-      return transport_.Step(attempt);
-    } catch (const Error& e) {
-      const double waited = std::chrono::duration<double>(Clock::now() - started).count();
-      if (e.code() != ErrorCode::kUnavailable || waited > options_.retry_seconds) throw;
-      spdlog::warn("step {}: {} (retrying in {:.1f} s)", input.step_id, e.what(), backoff);
-      std::this_thread::sleep_for(std::chrono::duration<double>(backoff));
-      backoff = std::min(backoff * 2, 10.0);
-    }
-    try {
+  bool retry = false;
+  return RetryWhileUnavailable("step " + std::to_string(input.step_id), [&] {
+    if (retry) {
       Join();  // fresh codec streams on both sides: re-encode what referred to the old ones
       if (method_.kind != quant::Method::Kind::kAqsgd && input.kind == StepKind::kTrain) {
         attempt.activation = quant::EncodeTensor(train_encoder_, pending_.values, pending_.bits, pending_.options).bytes;
       }
-    } catch (const Error& e) {
-      if (e.code() != ErrorCode::kUnavailable) throw;
     }
-  }
+    retry = true;
+    return transport_.Step(attempt);
+  });
 }
 
 StepRecord SplitClient::TrainStep(int64_t step) {
@@ -352,7 +359,7 @@ double SplitClient::Run() {
   // Resume at the earlier of the two sides: steps the server applied after this client's
   // checkpoint are replayed for the client only, steps the client applied after the server's
   // checkpoint are replayed for the server only (TrainStep, SplitServer::Step).
-  const int64_t server_next = Join();
+  const int64_t server_next = RetryWhileUnavailable("client " + options_.client_id, [this] { return Join(); });
   int64_t step = std::min(client_next_, server_next);
   if (step > 0 || server_next > 0) {
     spdlog::info("client {}: the server has applied {} steps, this client {}; continuing at step {}", options_.client_id,
@@ -371,7 +378,7 @@ double SplitClient::Run() {
       if (e.code() != ErrorCode::kFailedPrecondition || ++refusals > 3) throw;
       spdlog::warn("client {}: {}; rejoining", options_.client_id, e.what());
       if (aqsgd_) aqsgd_ = std::make_unique<quant::AqsgdSender>(aqsgd_options_);
-      step = Join() - 1;
+      step = RetryWhileUnavailable("client " + options_.client_id, [this] { return Join(); }) - 1;
       continue;
     }
     char fields[128];

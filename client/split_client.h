@@ -107,6 +107,10 @@ class SplitClient {
   std::vector<uint8_t> EncodeActivation(const torch::Tensor& x, const Batch& b, torch::Tensor* upstream,
                                         quant::ByteCount* count, double* bits);
   std::vector<uint8_t> EncodeForEvaluation(const torch::Tensor& x);
+  // Calls `attempt` until it succeeds; a broken link (amaq::Error kUnavailable) is retried with
+  // exponential backoff for up to retry_seconds, other errors pass through.
+  template <typename F>
+  auto RetryWhileUnavailable(const std::string& what, F attempt) -> decltype(attempt());
   StepResult Exchange(const StepInput& input);
   void WriteCsv(const StepRecord& r);
   void SaveCheckpoint(int64_t next_step);

@@ -144,6 +144,23 @@ TEST_F(Network, MalformedStepEndsThatStreamOnly) {
   EXPECT_EQ(split_->Stats().at("client-1").steps, 5);
 }
 
+// A client started before its server (or while it restarts) keeps trying to join for
+// retry_seconds instead of failing at once.
+TEST_F(Network, ClientWaitsForAServerThatIsNotUpYet) {
+  StartServer();
+  const int port = port_;
+  StopServer();
+  client::GrpcTransport transport(ClientTransport(kToken1, port));
+  client::SplitClient c(ClientFor("client-1", "bf16", 3), testing::ParityDataset(16), transport);
+  std::thread late([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+    StartServer("", port);
+  });
+  EXPECT_NO_THROW(c.Run());
+  late.join();
+  EXPECT_EQ(split_->Stats().at("client-1").steps, 3);
+}
+
 TEST_F(Network, ClientResumesAfterTheServerRestarts) {
   const std::string checkpoints = testing::TempDir("restart");
   StartServer(checkpoints);
