@@ -2,6 +2,7 @@
 
 #include <cstdint>
 
+#include "common/error.h"
 #include "common/lora_keys.h"
 
 namespace amaq::client {
@@ -41,7 +42,8 @@ Config ClientConfig() {
   c.AddDouble("amaq_alpha", 1.0, "AMAQ gate sharpness alpha", 1e-6, 1e6);
   c.AddDouble("amaq_beta", 0.01, "AMAQ bit-regularizer weight beta", 0, 1e6);
   c.AddDouble("amaq_gate_lr", 0.05, "AMAQ gates' Adam learning rate", 1e-9, 100);
-  c.AddInt("amaq_warmup", 0, "AMAQ steps at bmax before the regularizer starts", 0, INT64_MAX);
+  c.AddInt("amaq_warmup", 0, "AMAQ steps at bmax before the regularizer (or the budget's descent) starts", 0, INT64_MAX);
+  c.AddDouble("amaq_ramp_fraction", 0.5, "AMAQ budget: share of the steps after the warm-up spent descending to the target", 0.01, 1);
   c.AddInt("aqsgd_cache_mb", 1024, "memory of the AQ-SGD cache before spilling", 1, 1 << 20);
   c.AddString("aqsgd_spill_dir", "", "where the AQ-SGD cache spills (empty: the memory limit is hard)");
   c.AddString("csv", "", "per-step CSV of this run (empty: none)");
@@ -55,6 +57,57 @@ Config ClientConfig() {
   c.AddBool("progress", true, "progress bar on a terminal, log lines otherwise");
   c.AddString("log_level", "info", "spdlog level", {"trace", "debug", "info", "warn", "error"});
   return c;
+}
+
+ClientOptions ClientOptionsFrom(const Config& c) {
+  ClientOptions o;
+  o.client_id = c.String("client_id");
+  o.model_dir = c.String("model");
+  o.cut_layer = c.Int("cut_layer");
+  o.method = c.String("method");
+  o.lora = LoraFromConfig(c);
+  o.lr = c.Double("lr");
+  o.max_grad_norm = c.Double("max_grad_norm");
+  o.steps = c.Int("steps");
+  o.batch = c.Int("batch");
+  o.max_tokens = c.Int("max_tokens");
+  o.seed = static_cast<uint64_t>(c.Int("seed"));
+  o.eval_every = c.Int("eval_every");
+  o.eval_examples = c.Int("eval_examples");
+  o.eval_batch = c.Int("eval_batch");
+  o.amaq_alpha = c.Double("amaq_alpha");
+  o.amaq_beta = c.Double("amaq_beta");
+  o.amaq_gate_lr = c.Double("amaq_gate_lr");
+  o.amaq_warmup = c.Int("amaq_warmup");
+  o.amaq_ramp_fraction = c.Double("amaq_ramp_fraction");
+  o.aqsgd_cache_bytes = static_cast<uint64_t>(c.Int("aqsgd_cache_mb")) << 20;
+  o.aqsgd_spill_dir = c.String("aqsgd_spill_dir");
+  o.csv_path = c.String("csv");
+  o.checkpoint_dir = c.String("checkpoint_dir");
+  o.checkpoint_every = c.Int("checkpoint_every");
+  o.adapter_out = c.String("adapter_out");
+  o.sync_every = c.Int("sync_every");
+  o.retry_seconds = c.Double("retry_seconds");
+  o.progress = c.Bool("progress");
+  return o;
+}
+
+Dataset LoadTask(const Config& c) {
+  const std::string task = c.String("task");
+  Dataset all = task == "wordnet" ? LoadWordNetTopics(c.String("data"))
+              : task == "verbs"   ? LoadVerbPastTense(c.String("data"))
+              : task == "arithmetic" ? MakeArithmetic(3, 20000, 500, 500, 7)
+              : LoadJsonl(c.String("train_jsonl"), c.String("validation_jsonl"), "");
+  Dataset mine = all;
+  mine.train.clear();
+  const auto shard = static_cast<size_t>(c.Int("shard_index")), shards = static_cast<size_t>(c.Int("shard_count"));
+  Require(shard < shards, ErrorCode::kInvalidArgument, "shard_index must be below shard_count");
+  for (size_t i = 0; i < all.train.size(); ++i) {
+    if (i % shards == shard) mine.train.push_back(all.train[i]);
+  }
+  const auto cap = static_cast<size_t>(c.Int("max_train_examples"));
+  if (cap > 0 && mine.train.size() > cap) mine.train.resize(cap);
+  return mine;
 }
 
 }  // namespace amaq::client

@@ -1,11 +1,19 @@
 // The settings of amaq-client: every key, its type, default, range and help (docs/configuration.md
-// is generated from Help() and a test keeps the two equal).
+// is generated from Help() and a test keeps the two equal), and what they make: the training
+// options and this client's share of the task's data (amaq-study builds its runs from them too).
 #pragma once
 
+#include "client/split_client.h"
 #include "common/config.h"
+#include "common/datasets.h"
 
 namespace amaq::client {
 
 Config ClientConfig();
+// The SplitClient options the settings give.
+ClientOptions ClientOptionsFrom(const Config& c);
+// The task's data set with this client's shard of the training examples (shard_index,
+// shard_count, max_train_examples). Throws amaq::Error (kNotFound) for missing data files.
+Dataset LoadTask(const Config& c);
 
 }  // namespace amaq::client

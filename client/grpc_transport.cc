@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "proto/step_messages.h"
 
 namespace amaq::client {
 
@@ -132,8 +133,8 @@ int64_t GrpcTransport::Join(const JoinInfo& info) {
     if (status.error_code() == grpc::StatusCode::UNAVAILABLE) Connect();
     throw ToError(status, "joining " + options_.server);
   }
-  message_up_ += request.ByteSizeLong();
-  message_down_ += reply.ByteSizeLong();
+  message_up_ += FramedBytes(request);
+  message_down_ += FramedBytes(reply);
   if (reply.max_chunk_bytes() > 0) max_chunk_bytes_ = reply.max_chunk_bytes();
   return reply.last_applied_step();
 }
@@ -156,31 +157,15 @@ StepResult GrpcTransport::Step(const StepInput& input) {
     }
     return status.ok() ? Error(ErrorCode::kUnavailable, what + ": the server closed the stream") : ToError(status, what);
   };
-  const size_t chunk = static_cast<size_t>(max_chunk_bytes_);
-  const size_t count = std::max<size_t>(1, (input.activation.size() + chunk - 1) / chunk);
-  for (size_t i = 0; i < count; ++i) {
-    StepRequest request;
-    request.set_step_id(input.step_id);
-    request.set_kind(static_cast<StepRequest::Kind>(input.kind));
-    request.set_chunk_index(static_cast<int>(i));
-    request.set_chunk_count(static_cast<int>(count));
-    if (i == 0) {
-      *request.mutable_sample_ids() = {input.sample_ids.begin(), input.sample_ids.end()};
-      request.set_batch(static_cast<int32_t>(input.batch));
-      request.set_tokens(static_cast<int32_t>(input.tokens));
-      *request.mutable_attention_mask() = {input.mask.begin(), input.mask.end()};
-      *request.mutable_labels() = {input.labels.begin(), input.labels.end()};
-    }
-    const size_t begin = i * chunk, end = std::min(input.activation.size(), begin + chunk);
-    if (begin < end) request.set_payload(input.activation.data() + begin, end - begin);
-    message_up_ += request.ByteSizeLong();
+  for (const StepRequest& request : StepRequests(input, static_cast<size_t>(max_chunk_bytes_))) {
+    message_up_ += FramedBytes(request);
     if (!stream_->Write(request)) throw fail("sending step " + std::to_string(input.step_id));
   }
   StepResult result;
   StepReply reply;
   for (int i = 0, total = 1; i < total; ++i) {
     if (!stream_->Read(&reply)) throw fail("receiving step " + std::to_string(input.step_id));
-    message_down_ += reply.ByteSizeLong();
+    message_down_ += FramedBytes(reply);
     if (i == 0) {
       total = std::max(1, reply.chunk_count());
       result.step_id = reply.step_id();
@@ -202,24 +187,15 @@ StepResult GrpcTransport::Step(const StepInput& input) {
 
 NamedFloats GrpcTransport::SyncAdapters(const NamedFloats& adapter) {
   amaq::v1::AdapterUpload request;
-  for (const auto& [name, t] : adapter) {
-    auto* out = request.add_tensors();
-    out->set_name(name);
-    *out->mutable_shape() = {t.shape.begin(), t.shape.end()};
-    *out->mutable_values() = {t.values.begin(), t.values.end()};
-  }
+  ToNamedTensors(adapter, request.mutable_tensors());
   amaq::v1::AdapterAverage reply;
   grpc::ClientContext context;
   AuthorizeCall(&context);
   const grpc::Status status = stub_->SyncAdapters(&context, request, &reply);
   if (!status.ok()) throw ToError(status, "averaging adapters");
-  message_up_ += request.ByteSizeLong();
-  message_down_ += reply.ByteSizeLong();
-  NamedFloats average;
-  for (const auto& t : reply.tensors()) {
-    average[t.name()] = NamedFloat{{t.shape().begin(), t.shape().end()}, {t.values().begin(), t.values().end()}};
-  }
-  return average;
+  message_up_ += FramedBytes(request);
+  message_down_ += FramedBytes(reply);
+  return FromNamedTensors(reply.tensors());
 }
 
 uint64_t GrpcTransport::bytes_up() const { return relay_ ? relay_->bytes_up() : message_up_; }

@@ -55,7 +55,7 @@ class GrpcTransport : public Transport {
   std::unique_ptr<grpc::ClientContext> stream_context_;
   std::unique_ptr<grpc::ClientReaderWriter<amaq::v1::StepRequest, amaq::v1::StepReply>> stream_;
   int max_chunk_bytes_ = 1 << 20;
-  uint64_t message_up_ = 0, message_down_ = 0;  // protobuf bytes, when not metering
+  uint64_t message_up_ = 0, message_down_ = 0;  // gRPC messages' bytes (FramedBytes), when not metering
 };
 
 // gRPC status -> amaq::Error with the same meaning (UNAVAILABLE, DEADLINE_EXCEEDED, CANCELLED and

@@ -1,35 +1,67 @@
-// LocalTransport: a client's Transport that calls a SplitServer in the same process. Used by tests
-// (the equivalence of split and local training) and to measure compute without a network; its
-// byte counts are the codec messages' sizes.
+// LocalTransport: a client's Transport that calls a SplitServer in the same process: the tests
+// (the equivalence of split and local training) and amaq-study (many runs, no network) use it.
+// Its byte counts are those of the gRPC messages GrpcTransport would exchange for the same calls
+// (proto/step_messages.h: chunked at max_chunk_bytes, each with gRPC's length prefix), so that an
+// in-process run reports the protocol bytes of a network run. `server` must outlive this object.
 #pragma once
 
+#include <string>
+#include <utility>
+
+#include "amaq/v1/split_training.pb.h"
 #include "client/transport.h"
+#include "proto/step_messages.h"
 #include "server/split_server.h"
 
 namespace amaq::client {
 
 class LocalTransport : public Transport {
  public:
-  explicit LocalTransport(server::SplitServer& server) : server_(server) {}
+  // `max_chunk_bytes` and `server_id` as the gRPC service would announce them (its defaults).
+  explicit LocalTransport(server::SplitServer& server, size_t max_chunk_bytes = 1 << 20,
+                          std::string server_id = "amaq-server")
+      : server_(server), max_chunk_bytes_(max_chunk_bytes), server_id_(std::move(server_id)) {}
   int64_t Join(const JoinInfo& info) override {
     client_id_ = info.client_id;
-    return server_.Join(info.client_id, info.fingerprint, info.cut_layer, info.method);
+    const int64_t last = server_.Join(info.client_id, info.fingerprint, info.cut_layer, info.method);
+    v1::JoinRequest request;
+    request.set_client_id(info.client_id);
+    request.set_model_fingerprint(info.fingerprint);
+    request.set_cut_layer(static_cast<int32_t>(info.cut_layer));
+    request.set_method(info.method);
+    v1::JoinReply reply;
+    reply.set_last_applied_step(last);
+    reply.set_server_id(server_id_);
+    reply.set_max_chunk_bytes(static_cast<int32_t>(max_chunk_bytes_));
+    up_ += FramedBytes(request);
+    down_ += FramedBytes(reply);
+    return last;
   }
   StepResult Step(const StepInput& input) override {
-    up_ += input.activation.size();
+    for (const v1::StepRequest& m : StepRequests(input, max_chunk_bytes_)) up_ += FramedBytes(m);
     StepResult r = server_.Step(client_id_, input);
-    down_ += r.gradient.size();
+    for (const v1::StepReply& m : StepReplies(r, max_chunk_bytes_)) down_ += FramedBytes(m);
     return r;
   }
   NamedFloats SyncAdapters(const NamedFloats& adapter) override {
     int clients = 0;
-    return server_.AverageAdapters(client_id_, adapter, &clients);
+    v1::AdapterUpload request;
+    ToNamedTensors(adapter, request.mutable_tensors());
+    v1::AdapterAverage reply;
+    const NamedFloats average = server_.AverageAdapters(client_id_, adapter, &clients);
+    ToNamedTensors(average, reply.mutable_tensors());
+    reply.set_clients(clients);
+    up_ += FramedBytes(request);
+    down_ += FramedBytes(reply);
+    return average;
   }
   uint64_t bytes_up() const override { return up_; }
   uint64_t bytes_down() const override { return down_; }
 
  private:
   server::SplitServer& server_;
+  size_t max_chunk_bytes_;
+  std::string server_id_;
   std::string client_id_;
   uint64_t up_ = 0, down_ = 0;
 };

@@ -70,7 +70,10 @@ SplitClient::SplitClient(ClientOptions options, Dataset data, Transport& transpo
     a.beta = options_.amaq_beta;
     a.gate_lr = options_.amaq_gate_lr;
     a.warmup_steps = options_.amaq_warmup;
-    if (method_.budget) a.budget = quant::BitBudgetOptions{*method_.budget, options_.steps, options_.amaq_warmup, 0.8};
+    if (method_.budget) {
+      a.budget = quant::BitBudgetOptions{*method_.budget, options_.steps, options_.amaq_warmup, options_.amaq_ramp_fraction};
+    }
+    a.uniform = method_.uniform;
     amaq_ = std::make_unique<quant::AmaqQuantizer>(config_.hidden_size, a);
   }
   if (method_.kind == quant::Method::Kind::kAqsgd) {
@@ -206,6 +209,7 @@ StepRecord SplitClient::TrainStep(int64_t step) {
   Require(gradient.size(0) == rows && gradient.size(1) == config_.hidden_size, ErrorCode::kDataLoss,
           "the server's gradient has the wrong shape: the server and client disagree; rejoin");
   r.applied = step >= client_next_;
+  if (r.applied && cut_statistics_) cut_statistics_->Add(x, gradient);
   if (r.applied) {
     if (optimizer_) optimizer_->zero_grad();
     if (upstream.requires_grad()) upstream.backward(gradient.to(upstream.scalar_type()));
@@ -249,7 +253,10 @@ double SplitClient::Evaluate() {
   if (data_.is_classification()) {
     const SequenceScorer score = [&](const Batch& b) {
       const StepResult r = remote(b.ids, b.mask, b.labels, StepKind::kScore);
-      return torch::tensor(r.scores);
+      Require(!r.scores.empty() && r.scores.size() % static_cast<size_t>(b.ids.size(0)) == 0, ErrorCode::kDataLoss,
+              "the server returned " + std::to_string(r.scores.size()) + " scores for " + std::to_string(b.ids.size(0)) +
+                  " rows: the server and this client disagree; update both");
+      return torch::tensor(r.scores).view({b.ids.size(0), -1});
     };
     return ClassificationAccuracy(score, *encoder_, data_, examples, options_.eval_batch);
   }
@@ -275,6 +282,8 @@ void SplitClient::SyncAdapters() {
     t.copy_(torch::tensor(it->second.values).view(t.sizes()));
   }
 }
+
+std::vector<uint8_t> SplitClient::GateBits() const { return amaq_ ? amaq_->IntegerBits(amaq_->gates().size(0)).bits : std::vector<uint8_t>{}; }
 
 double SplitClient::average_bits() const { return records_.empty() ? 0 : records_.back().average_bits; }
 

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "client/cut_statistics.h"
 #include "client/transport.h"
 #include "common/batching.h"
 #include "common/datasets.h"
@@ -51,6 +52,7 @@ struct ClientOptions {
   int64_t eval_batch = 32;
   double amaq_alpha = 1.0, amaq_beta = 0.01, amaq_gate_lr = 0.05;
   int64_t amaq_warmup = 0;
+  double amaq_ramp_fraction = 0.5;  // budget mode: share of the post-warm-up steps descending
   uint64_t aqsgd_cache_bytes = uint64_t{1} << 30;
   std::string aqsgd_spill_dir;
   std::string csv_path;          // empty: no CSV
@@ -97,6 +99,11 @@ class SplitClient {
   void SyncAdapters();
   const std::vector<StepRecord>& records() const { return records_; }
   double average_bits() const;
+  // AMAQ's integer width per gate now (empty for other methods).
+  std::vector<uint8_t> GateBits() const;
+  // Every applied training step adds its activation and the gradient it got back to `stats`
+  // (null: none). `stats` must outlive this client's training.
+  void ObserveCut(CutStatistics* stats) { cut_statistics_ = stats; }
 
  private:
   Batch BatchFor(int64_t step);
@@ -143,6 +150,7 @@ class SplitClient {
   std::string fingerprint_;
   std::vector<StepRecord> records_;
   std::ofstream csv_;
+  CutStatistics* cut_statistics_ = nullptr;
   int64_t client_next_ = 0;  // the first step whose update the client's weights do not hold
 };
 

@@ -18,7 +18,7 @@ namespace amaq {
 
 struct Batch {
   torch::Tensor ids;     // [B, T] int64
-  torch::Tensor mask;    // [B, T] int64: 1 token, 0 padding
+  torch::Tensor mask;    // [B, T] int64: 1 token, 0 padding, k >= 2 candidate segment (model.h)
   torch::Tensor labels;  // [B, T] int64: target token or -100
   std::vector<uint64_t> sample_ids;  // stable ids of the examples (AQ-SGD caches by them)
 };
@@ -39,6 +39,13 @@ class ExampleEncoder {
   // `pad_to` > 0 pads every row to exactly that many tokens (AQ-SGD needs fixed shapes).
   Batch MakeBatch(const std::vector<const Example*>& examples, const std::vector<uint64_t>& sample_ids,
                   bool with_completion = true, int64_t pad_to = 0) const;
+
+  // One row per example that packs every candidate completion after the shared prompt, for
+  // scoring them all in one pass: BOS + the prompt without its last token (mask 1), then for
+  // candidate k the prompt's last token, the candidate's tokens and EOS (mask k + 2, labels on the
+  // candidate and EOS). Segment k computes what MakeBatch's row of (prompt, candidate k) would;
+  // a prompt too long for max_tokens is cut at its beginning as for the longest candidate.
+  Batch MakeCandidateBatch(const std::vector<const Example*>& examples, const std::vector<std::string>& candidates) const;
 
   const Tokenizer& tokenizer() const { return tokenizer_; }
   int64_t eos_id() const { return eos_; }

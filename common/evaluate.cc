@@ -1,17 +1,22 @@
 #include "common/evaluate.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "common/error.h"
 
 namespace amaq {
 
-torch::Tensor SequenceLogProbs(const torch::Tensor& logits, const torch::Tensor& labels) {
+torch::Tensor SequenceLogProbs(const torch::Tensor& logits, const torch::Tensor& labels, const torch::Tensor& mask) {
   const torch::Tensor log_probs = torch::log_softmax(logits.slice(1, 0, -1).to(torch::kFloat), -1);
   const torch::Tensor target = labels.slice(1, 1);
   const torch::Tensor valid = target != -100;
-  const torch::Tensor picked = log_probs.gather(-1, target.clamp_min(0).unsqueeze(-1)).squeeze(-1);
-  return (picked * valid).sum(1);
+  const torch::Tensor picked = log_probs.gather(-1, target.clamp_min(0).unsqueeze(-1)).squeeze(-1) * valid;
+  const int64_t segments = std::max<int64_t>(mask.max().item<int64_t>() - 1, 0);
+  if (segments == 0) return picked.sum(1, /*keepdim=*/true);
+  // Each labelled position counts for the segment of the token it predicts.
+  const torch::Tensor segment = (mask.slice(1, 1).to(picked.device()) - 2).clamp_min(0);
+  return torch::zeros({picked.size(0), segments}, picked.options()).scatter_add_(1, segment, picked);
 }
 
 torch::Tensor LastTokenArgmax(const torch::Tensor& logits, const torch::Tensor& mask) {
@@ -27,37 +32,19 @@ double ClassificationAccuracy(const SequenceScorer& score, const ExampleEncoder&
           dataset.name + " is not a classification data set: use exact match");
   if (examples.empty()) return 0.0;
   torch::NoGradGuard no_grad;
-  const size_t labels = dataset.labels.size();
   int64_t correct = 0;
-  // Each example is scored once per label; candidates are batched across examples.
-  std::vector<Example> candidates;
-  std::vector<const Example*> owners;
-  const auto flush = [&] {
-    std::vector<const Example*> ptrs;
-    for (const Example& c : candidates) ptrs.push_back(&c);
-    std::vector<float> scores;
-    for (size_t i = 0; i < ptrs.size(); i += static_cast<size_t>(batch_size)) {
-      const std::vector<const Example*> chunk(ptrs.begin() + static_cast<long>(i),
-                                              ptrs.begin() + static_cast<long>(std::min(ptrs.size(), i + batch_size)));
-      const torch::Tensor s = score(encoder.MakeBatch(chunk, std::vector<uint64_t>(chunk.size(), 0)));
-      for (int64_t k = 0; k < s.size(0); ++k) scores.push_back(s[k].item<float>());
-    }
-    for (size_t e = 0; e < owners.size(); ++e) {
-      size_t best = 0;
-      for (size_t l = 1; l < labels; ++l) {
-        if (scores[e * labels + l] > scores[e * labels + best]) best = l;
-      }
-      correct += static_cast<int>(best) == owners[e]->label;
-    }
-    candidates.clear();
-    owners.clear();
-  };
-  for (const Example& e : examples) {
-    owners.push_back(&e);
-    for (const std::string& label : dataset.labels) candidates.push_back(Example{e.prompt, label, -1});
-    if (candidates.size() >= static_cast<size_t>(batch_size) * labels) flush();
+  for (size_t i = 0; i < examples.size(); i += static_cast<size_t>(batch_size)) {
+    std::vector<const Example*> chunk;
+    for (size_t k = i; k < std::min(examples.size(), i + static_cast<size_t>(batch_size)); ++k) chunk.push_back(&examples[k]);
+    const torch::Tensor scores = score(encoder.MakeCandidateBatch(chunk, dataset.labels));
+    Require(scores.dim() == 2 && scores.size(0) == static_cast<int64_t>(chunk.size()) &&
+                scores.size(1) == static_cast<int64_t>(dataset.labels.size()),
+            ErrorCode::kDataLoss, "the scorer returned " + std::to_string(scores.numel()) + " scores for " +
+                                      std::to_string(chunk.size()) + " examples of " + std::to_string(dataset.labels.size()) +
+                                      " labels: the server does not score candidate segments; update it");
+    const torch::Tensor best = scores.argmax(1);
+    for (size_t e = 0; e < chunk.size(); ++e) correct += best[static_cast<int64_t>(e)].item<int64_t>() == chunk[e]->label;
   }
-  flush();
   return static_cast<double>(correct) / static_cast<double>(examples.size());
 }
 

@@ -71,7 +71,7 @@ FinetuneResult FinetuneLocal(const Dataset& dataset, const FinetuneOptions& o) {
   const std::vector<Example> eval(dataset.validation.begin(),
                                   dataset.validation.begin() + std::min<int64_t>(o.eval_examples, dataset.validation.size()));
   if (dataset.is_classification()) {
-    const SequenceScorer score = [&](const Batch& b) { return SequenceLogProbs(model(b.ids, b.mask), b.labels); };
+    const SequenceScorer score = [&](const Batch& b) { return SequenceLogProbs(model(b.ids, b.mask), b.labels, b.mask); };
     result.metric = ClassificationAccuracy(score, encoder, dataset, eval, o.eval_batch);
   } else {
     const GreedyStep step = [&](const torch::Tensor& ids, const torch::Tensor& mask) {

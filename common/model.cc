@@ -125,8 +125,15 @@ ModelPartImpl::ModelPartImpl(const ModelConfig& config, PartSpec spec) : config_
 }
 
 Rotary ModelPartImpl::RotaryFor(const torch::Tensor& attention_mask, torch::Dtype dtype) const {
-  // Positions count real tokens only, so left- and right-padded batches agree with unpadded ones.
-  const torch::Tensor positions = (attention_mask.to(torch::kLong).cumsum(1) - 1).clamp_min(0);
+  // Positions count context tokens only, so left- and right-padded batches agree with unpadded
+  // ones; a candidate segment's tokens continue from the context before them (model.h).
+  const torch::Tensor m = attention_mask.to(torch::kLong);
+  const torch::Tensor context = (m == 1).to(torch::kLong).cumsum(1);
+  const int64_t t = m.size(1);
+  const torch::Tensor earlier = torch::ones({t, t}, torch::kBool).tril(-1).to(m.device());
+  const torch::Tensor same_segment_before =
+      ((m.unsqueeze(2) == m.unsqueeze(1)) & earlier).sum(2);  // [B, T]: earlier tokens of i's segment
+  const torch::Tensor positions = torch::where(m >= 2, context + same_segment_before, (context - 1).clamp_min(0));
   const torch::Tensor angles = positions.unsqueeze(-1).to(torch::kFloat) * inv_freq_;  // [B, T, D/2]
   const torch::Tensor emb = torch::cat({angles, angles}, -1).unsqueeze(1);             // [B, 1, T, D]
   return {emb.cos().to(dtype), emb.sin().to(dtype)};
@@ -146,11 +153,13 @@ torch::Tensor ModelPartImpl::forward(const torch::Tensor& input, const torch::Te
     x = input;
   }
   if (!layers.empty()) {
+    // Token i sees token j <= i when j is context, or j is in i's own candidate segment.
     const int64_t t = x.size(1);
+    const torch::Tensor m = attention_mask.to(x.device());
     const torch::Tensor future = torch::ones({t, t}, torch::kBool).triu(1).to(x.device());
-    const torch::Tensor padding = (attention_mask == 0).view({-1, 1, 1, t});
+    const torch::Tensor seen = (m.unsqueeze(1) == 1) | ((m.unsqueeze(1) == m.unsqueeze(2)) & (m.unsqueeze(1) >= 2));
     const torch::Tensor mask = torch::zeros({x.size(0), 1, t, t}, x.options().dtype(torch::kFloat))
-                                   .masked_fill_(future | padding, kMaskedScore);
+                                   .masked_fill_(future | ~seen.unsqueeze(1), kMaskedScore);
     const Rotary rotary = RotaryFor(attention_mask, x.scalar_type());
     for (auto& layer : layers) x = layer(x, rotary, mask);
   }

@@ -87,8 +87,12 @@ class ModelPartImpl : public torch::nn::Module {
   ModelPartImpl(const ModelConfig& config, PartSpec spec);
 
   // input: token ids [B, T] (int64) when the part has the embedding, else hidden states [B, T, H].
-  // attention_mask: [B, T], 1 for tokens, 0 for padding. Returns logits [B, T, V] when the part
-  // has the head, else hidden states [B, T, H].
+  // attention_mask: [B, T], 1 for tokens, 0 for padding, and k >= 2 for the tokens of candidate
+  // segment k: several continuations of one context packed in a row (evaluation). A token sees
+  // the context tokens before it and the earlier tokens of its own segment; a segment's positions
+  // continue from the context before it, so each segment computes exactly what the row
+  // context + segment alone would. Returns logits [B, T, V] when the part has the head, else
+  // hidden states [B, T, H].
   torch::Tensor forward(const torch::Tensor& input, const torch::Tensor& attention_mask);
 
   // Base weights under their Hugging Face names (tied heads appear as lm_head.weight).

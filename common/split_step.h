@@ -32,16 +32,21 @@ struct StepResult {
   int64_t step_id = 0;
   float loss = 0;
   bool duplicate = false;             // applied before: the stored answer, not applied again
-  std::vector<float> scores;          // kScore
+  std::vector<float> scores;          // kScore: one per row, or batch x segments for packed rows
   std::vector<int64_t> next_tokens;   // kNextToken
   std::vector<uint8_t> gradient;      // codec message (kTrain)
   double average_bits = 0;            // of the activation, as the server decoded it
   double server_seconds = 0;          // the server's compute time (decode, forward, backward, encode)
 };
 
+// SCORE steps may pack candidate segments in a row: mask values 2..kMaxCandidateSegments + 1
+// (common/model.h), each scored apart (StepResult::scores holds batch x segments values).
+constexpr int32_t kMaxCandidateSegments = 1024;
+
 // Checks what can be checked of a step without the model: batch x tokens within
-// max_batch_tokens, mask and labels with batch x tokens entries, mask entries 0 or 1, labels -100
-// or a token id below vocab_size. Throws amaq::Error (kInvalidArgument) naming the field.
+// max_batch_tokens, mask and labels with batch x tokens entries, mask entries 0 or 1 (SCORE: up
+// to kMaxCandidateSegments + 1), labels -100 or a token id below vocab_size. Throws amaq::Error
+// (kInvalidArgument) naming the field.
 void CheckStepFields(const StepInput& in, int64_t max_batch_tokens, int64_t vocab_size);
 
 // Named tensors as plain floats (collaborative adapter averaging).

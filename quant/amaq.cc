@@ -42,6 +42,7 @@ class AmaqFunction : public torch::autograd::Function<AmaqFunction> {
                                .to(x.device());
     widths = o.per_token ? widths.view({rows, 1}) : widths.view({1, channels});
     ctx->save_for_backward({x, x_hat, gates, widths});
+    ctx->saved_data["shift"] = quantizer->shift();
     ctx->saved_data["quantizer"] = reinterpret_cast<int64_t>(quantizer);
     return x_hat;
   }
@@ -71,7 +72,7 @@ class AmaqFunction : public torch::autograd::Function<AmaqFunction> {
       // Rows r, r + S, r + 2S, ... share gate r % S.
       grad_bits = grad_bits.view({-1, gates.size(0)}).sum(0);
     }
-    const torch::Tensor s = torch::sigmoid(o.alpha * gates.detach());
+    const torch::Tensor s = torch::sigmoid(o.alpha * gates.detach() + ctx->saved_data["shift"].toDouble());
     const torch::Tensor grad_gates = grad_bits * ((o.bmax - o.bmin) * o.alpha) * s * (1 - s);
     return {grad, grad_gates.to(gates.scalar_type()), torch::Tensor(), torch::Tensor(),
             torch::Tensor()};
@@ -102,8 +103,10 @@ AmaqQuantizer::AmaqQuantizer(int64_t gates, AmaqOptions options) : options_(std:
   gates_ = torch::full({gates}, q0, torch::kFloat).set_requires_grad(true);
   optimizer_ = std::make_unique<torch::optim::Adam>(
       std::vector<torch::Tensor>{gates_}, torch::optim::AdamOptions(options_.gate_lr));
-  if (options_.budget) budget_.emplace(options_.bmin, options_.bmax, options_.beta, *options_.budget);
-  beta_now_ = BetaFor(0);
+  if (options_.budget) budget_.emplace(options_.bmin, options_.bmax, *options_.budget);
+  Require(!options_.uniform || budget_, ErrorCode::kInvalidArgument,
+          "uniform AMAQ follows a bit budget's schedule: give a budget (amaq:budget=<bits>:uniform)");
+  Schedule();
 }
 
 torch::Tensor AmaqQuantizer::Quantize(const torch::Tensor& x, Encoder& encoder, Encoded* wire) {
@@ -131,12 +134,18 @@ EncodeOptions AmaqQuantizer::WireOptions() const {
   return o;
 }
 
+torch::Tensor AmaqQuantizer::Logits() const { return options_.alpha * gates_ + shift_; }
+
 torch::Tensor AmaqQuantizer::ContinuousBits() const {
-  return options_.bmin + (options_.bmax - options_.bmin) * torch::sigmoid(options_.alpha * gates_);
+  return options_.bmin + (options_.bmax - options_.bmin) * torch::sigmoid(Logits());
+}
+
+std::vector<uint8_t> AmaqQuantizer::GateWidths() const {
+  return budget_ ? budget_widths_ : RoundBits(ContinuousBits());
 }
 
 BitsTable AmaqQuantizer::IntegerBits(int64_t rows) const {
-  std::vector<uint8_t> per_gate = RoundBits(ContinuousBits());
+  std::vector<uint8_t> per_gate = GateWidths();
   if (!options_.per_token) return BitsTable::PerChannel(std::move(per_gate));
   std::vector<uint8_t> per_row(static_cast<size_t>(rows));
   for (int64_t r = 0; r < rows; ++r) per_row[r] = per_gate[static_cast<size_t>(r) % per_gate.size()];
@@ -144,7 +153,7 @@ BitsTable AmaqQuantizer::IntegerBits(int64_t rows) const {
 }
 
 double AmaqQuantizer::AverageBits() const {
-  const std::vector<uint8_t> bits = RoundBits(ContinuousBits());
+  const std::vector<uint8_t> bits = GateWidths();
   double sum = 0;
   for (uint8_t b : bits) sum += b;
   return sum / static_cast<double>(bits.size());
@@ -154,21 +163,35 @@ torch::Tensor AmaqQuantizer::Regularizer() const {
   return beta_now_ * torch::sigmoid(options_.alpha * gates_).pow(2).mean();
 }
 
-double AmaqQuantizer::BetaFor(int64_t step) {
-  if (budget_) return budget_->NextBeta(step, AverageBits());
-  return step < options_.warmup_steps ? 0.0 : options_.beta;
+void AmaqQuantizer::Schedule() {
+  if (!budget_) {
+    beta_now_ = step_ < options_.warmup_steps ? 0.0 : options_.beta;
+    return;
+  }
+  beta_now_ = 0;
+  const double desired = budget_->DesiredBits(step_);
+  if (options_.uniform) {
+    const auto width = static_cast<uint8_t>(std::nearbyint(desired));
+    budget_widths_.assign(static_cast<size_t>(gates_.size(0)), width);
+    return;
+  }
+  const torch::Tensor z = (options_.alpha * gates_.detach()).to(torch::kCPU, torch::kFloat).contiguous();
+  BitAllocation a = AllocateBits(std::vector<float>(z.data_ptr<float>(), z.data_ptr<float>() + z.numel()),
+                                 options_.bmin, options_.bmax, desired);
+  budget_widths_ = std::move(a.bits);
+  shift_ = a.shift;
 }
 
 void AmaqQuantizer::set_step(int64_t step) {
   step_ = step;
-  beta_now_ = BetaFor(step_);
+  Schedule();
 }
 
 void AmaqQuantizer::Step() {
-  optimizer_->step();
+  if (!options_.uniform) optimizer_->step();
   optimizer_->zero_grad();
   ++step_;
-  beta_now_ = BetaFor(step_);
+  Schedule();
 }
 
 }  // namespace amaq::quant

@@ -10,7 +10,10 @@
 // with s = sigmoid(alpha * q). The regularizer beta * mean(sigmoid(alpha * q)^2) pulls every gate
 // down; the task loss keeps the channels that matter wide. Gates start at sigmoid(alpha q0) = 0.97
 // (8 bits), train with their own Adam optimizer and learning rate, and the realized average of
-// the integer bits actually sent is always available.
+// the integer bits actually sent is always available. With a bit budget (quant/bit_budget.h) the
+// regularizer is off and every step's widths are allocated to meet the schedule exactly: the
+// logits alpha * q all move by one shift tau (s = sigmoid(alpha * q + tau) above), so the gates
+// decide which channels are wide and the budget how many bits there are.
 #pragma once
 
 #include <torch/torch.h>
@@ -36,7 +39,9 @@ struct AmaqOptions {
                                    // server would (same integer bits, own scales)
   ScaleFormat scale_format = ScaleFormat::kFloat16;
   bool zstd = false;
-  std::optional<BitBudgetOptions> budget;  // target-average mode (replaces warmup_steps)
+  std::optional<BitBudgetOptions> budget;  // target-average mode (replaces beta and warmup_steps)
+  bool uniform = false;  // with a budget: no learned allocation, every gate at round(desired(step))
+                         // bits and the gates frozen (the control that isolates the annealing)
 };
 
 // Throws amaq::Error (kInvalidArgument) naming the bad option.
@@ -54,34 +59,41 @@ class AmaqQuantizer {
 
   // The codec options of its messages (affine, per channel or per token).
   EncodeOptions WireOptions() const;
-  // bmin + (bmax - bmin) * sigmoid(alpha * q), differentiable.
+  // alpha * q + tau (tau: the budget's shift, else 0), differentiable in q.
+  torch::Tensor Logits() const;
+  // bmin + (bmax - bmin) * sigmoid(Logits()), differentiable.
   torch::Tensor ContinuousBits() const;
   // The integer widths for a message of `rows` rows (per-token gates repeat every sequence).
   BitsTable IntegerBits(int64_t rows) const;
-  // Mean of round(b_cont) over the gates: the average bits of every message sent now.
+  // Mean of the integer widths over the gates: the average bits of every message sent now.
   double AverageBits() const;
   // beta_now * mean(sigmoid(alpha * q)^2), differentiable in q.
   torch::Tensor Regularizer() const;
 
   // Applies the gate optimizer to the gradients accumulated so far, clears them, and advances
-  // the schedule (warm-up, or the bit budget's beta for the next step).
+  // the schedule (warm-up, or the bit budget's allocation for the next step).
   void Step();
 
   torch::Tensor& gates() { return gates_; }
   const AmaqOptions& options() const { return options_; }
   double current_beta() const { return beta_now_; }
+  double shift() const { return shift_; }  // tau (0 without a budget)
   int64_t step() const { return step_; }
   // Continues the schedule from `step` (a resumed run).
   void set_step(int64_t step);
   torch::optim::Adam& optimizer() { return *optimizer_; }
 
  private:
-  double BetaFor(int64_t step);
+  // Sets beta and, under a budget, the widths and shift for step_.
+  void Schedule();
+  std::vector<uint8_t> GateWidths() const;
 
   AmaqOptions options_;
   torch::Tensor gates_;
   std::unique_ptr<torch::optim::Adam> optimizer_;
   std::optional<BitBudget> budget_;
+  std::vector<uint8_t> budget_widths_;  // under a budget: this step's allocation
+  double shift_ = 0;                    // under a budget: tau
   int64_t step_ = 0;
   double beta_now_ = 0;
 };

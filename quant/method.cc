@@ -11,7 +11,7 @@ namespace {
 
 constexpr char kForms[] =
     "use fp32, bf16, fp16, fixed:<bits>[:tensor|channel|token|group[:<size>]], amaq[:<bmax>-><bmin>], "
-    "amaq:budget=<bits> or aqsgd:<bits>";
+    "amaq:budget=<bits>[:uniform][:grad=<bits>] or aqsgd:<bits>";
 
 std::vector<std::string> SplitColon(const std::string& text) {
   std::vector<std::string> parts;
@@ -67,13 +67,17 @@ Method Method::Parse(const std::string& text) {
               "method '" + text + "': group size must be a positive integer");
       m.group_size = static_cast<int>(g);
     }
-  } else if (p[0] == "amaq" && p.size() <= 2) {
+  } else if (p[0] == "amaq" && p.size() <= 4) {
     m.kind = Kind::kAmaq;
-    if (p.size() == 2) {
-      const std::string& arg = p[1];
+    for (size_t i = 1; i < p.size(); ++i) {
+      const std::string& arg = p[i];
       const size_t arrow = arg.find("->");
       if (arg.rfind("budget=", 0) == 0) {
         m.budget = Number(arg.substr(7), text);
+      } else if (arg.rfind("grad=", 0) == 0) {
+        m.gradient_bits = Bits(arg.substr(5), text, 2);
+      } else if (arg == "uniform") {
+        m.uniform = true;
       } else if (arrow != std::string::npos) {
         m.bmax = Number(arg.substr(0, arrow), text);
         m.bmin = Number(arg.substr(arrow + 2), text);
@@ -81,6 +85,8 @@ Method Method::Parse(const std::string& text) {
         throw Error(ErrorCode::kInvalidArgument, "method '" + text + "': " + kForms);
       }
     }
+    Require(!m.uniform || m.budget, ErrorCode::kInvalidArgument,
+            "method '" + text + "': uniform widths follow a budget's schedule: amaq:budget=<bits>:uniform");
     Require(m.bmin >= kMinBits && m.bmax <= kMaxBits && m.bmin < m.bmax, ErrorCode::kInvalidArgument,
             "method '" + text + "': AMAQ needs 1 <= bmin < bmax <= 8");
     Require(!m.budget || (*m.budget >= m.bmin && *m.budget <= m.bmax), ErrorCode::kInvalidArgument,
@@ -107,12 +113,17 @@ std::string Method::ToString() const {
       return s;
     }
     case Kind::kAmaq:
+    {
       if (budget) {
         std::snprintf(buf, sizeof buf, "amaq:budget=%g", *budget);
       } else {
         std::snprintf(buf, sizeof buf, "amaq:%g->%g", bmax, bmin);
       }
-      return buf;
+      std::string s = buf;
+      if (uniform) s += ":uniform";
+      if (gradient_bits) s += ":grad=" + std::to_string(*gradient_bits);
+      return s;
+    }
     case Kind::kAqsgd: return "aqsgd:" + std::to_string(bits);
   }
   return "?";
@@ -141,7 +152,8 @@ EncodeOptions Method::GradientOptions(const Decoded& activation) const {
 
 BitsTable Method::GradientBits(const Decoded& activation) const {
   switch (kind) {
-    case Kind::kAmaq: return activation.bits;  // the same per-channel (or per-token) widths
+    case Kind::kAmaq:  // the same per-channel (or per-token) widths, or a fixed width
+      return gradient_bits ? BitsTable::Uniform(*gradient_bits) : activation.bits;
     case Kind::kFixed: return BitsTable::Uniform(bits);
     case Kind::kAqsgd: return BitsTable::Uniform(8);
     case Kind::kFloat: return BitsTable{};

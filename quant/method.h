@@ -4,7 +4,10 @@
 //   fixed:<bits>[:<granularity>[:<group>]]      fixed-bit affine, granularity tensor | channel |
 //                                               token | group (default channel; group size 128)
 //   amaq[:<bmax>-><bmin>]                       AMAQ, default 8->3
-//   amaq:budget=<bits>                          AMAQ steered to a target average (docs/amaq.md)
+//   amaq:budget=<bits>[:uniform]                AMAQ allocated to a target average (docs/amaq.md);
+//                                               uniform: every channel one width on the same
+//                                               schedule, no learned allocation (the control)
+//   amaq...:grad=<bits>                         AMAQ whose gradients go back at a fixed width
 //   aqsgd:<bits>                                AQ-SGD with <bits>-bit deltas (gradients 8-bit)
 //
 // Both sides derive their codec options from it: the activation's on the client, the gradient's
@@ -29,6 +32,8 @@ struct Method {
   int group_size = 128;                    // kFixed with kGroup
   double bmax = 8, bmin = 3;               // kAmaq
   std::optional<double> budget;            // kAmaq
+  bool uniform = false;                    // kAmaq with a budget
+  std::optional<int> gradient_bits;        // kAmaq: fixed gradient width instead of the activation's
 
   // Throws amaq::Error (kInvalidArgument) saying which forms are allowed.
   static Method Parse(const std::string& text);

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/error.h"
+#include "proto/step_messages.h"
 
 namespace amaq::server {
 namespace {
@@ -100,27 +101,8 @@ class StepsReactor : public grpc::ServerBidiReactor<StepRequest, StepReply>, pub
       spdlog::warn("client {}: step {} refused: {}", client_, input_.step_id, e.what());
       return End(ToStatus(e));
     }
-    replies_.clear();
-    const size_t chunk = static_cast<size_t>(service_.options().max_chunk_bytes);
-    const size_t count = std::max<size_t>(1, (result.gradient.size() + chunk - 1) / chunk);
-    for (size_t i = 0; i < count; ++i) {
-      StepReply reply;
-      reply.set_step_id(result.step_id);
-      reply.set_chunk_index(static_cast<int>(i));
-      reply.set_chunk_count(static_cast<int>(count));
-      if (i == 0) {
-        reply.set_loss(result.loss);
-        reply.set_duplicate(result.duplicate);
-        reply.set_average_bits(result.average_bits);
-        reply.set_server_seconds(result.server_seconds);
-        *reply.mutable_scores() = {result.scores.begin(), result.scores.end()};
-        *reply.mutable_next_tokens() = {result.next_tokens.begin(), result.next_tokens.end()};
-      }
-      const size_t begin = i * chunk, end = std::min(result.gradient.size(), begin + chunk);
-      if (begin < end) reply.set_payload(result.gradient.data() + begin, end - begin);
-      service_.CountTraffic(client_, 0, reply.ByteSizeLong());
-      replies_.push_back(std::move(reply));
-    }
+    replies_ = StepReplies(result, static_cast<size_t>(service_.options().max_chunk_bytes));
+    for (const StepReply& reply : replies_) service_.CountTraffic(client_, 0, reply.ByteSizeLong());
     input_.activation = {};
     next_reply_ = 0;
     Progress(Phase::kReplying);
@@ -322,18 +304,9 @@ grpc::ServerUnaryReactor* SplitTrainingService::SyncAdapters(grpc::CallbackServe
   std::string client;
   const grpc::Status status = Authenticate(context, &client);
   if (!status.ok()) return Done(context, status);
-  NamedFloats upload;
-  for (const auto& t : request->tensors()) {
-    upload[t.name()] = NamedFloat{{t.shape().begin(), t.shape().end()}, {t.values().begin(), t.values().end()}};
-  }
   int clients = 0;
   try {
-    for (const auto& [name, mean] : server_.AverageAdapters(client, upload, &clients)) {
-      auto* out = reply->add_tensors();
-      out->set_name(name);
-      *out->mutable_shape() = {mean.shape.begin(), mean.shape.end()};
-      *out->mutable_values() = {mean.values.begin(), mean.values.end()};
-    }
+    ToNamedTensors(server_.AverageAdapters(client, FromNamedTensors(request->tensors()), &clients), reply->mutable_tensors());
   } catch (const std::exception& e) {
     return Done(context, ToStatus(e));
   }

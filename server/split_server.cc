@@ -224,7 +224,7 @@ StepResult SplitServer::Step(const std::string& client_id, const StepInput& in) 
     part_->eval();
     const torch::Tensor logits = part_(activation.to(device_, dtype), mask);
     if (in.kind == StepKind::kScore) {
-      const torch::Tensor scores = SequenceLogProbs(logits, labels).to(torch::kCPU, torch::kFloat).contiguous();
+      const torch::Tensor scores = SequenceLogProbs(logits, labels, mask).to(torch::kCPU, torch::kFloat).contiguous();
       result.scores.assign(scores.data_ptr<float>(), scores.data_ptr<float>() + scores.numel());
     } else {
       const torch::Tensor next = LastTokenArgmax(logits, mask).to(torch::kCPU).contiguous();

@@ -55,13 +55,58 @@ TEST(Evaluate, SequenceLogProbsAndArgmax) {
   const torch::Tensor lp = torch::log_softmax(logits, -1);
   const double row0 = lp[0][0][3].item<double>() + lp[0][1][1].item<double>();
   const double row1 = lp[1][1][4].item<double>() + lp[1][2][0].item<double>();
-  const torch::Tensor got = SequenceLogProbs(logits, labels);
-  EXPECT_NEAR(got[0].item<double>(), row0, 1e-5);
-  EXPECT_NEAR(got[1].item<double>(), row1, 1e-5);
+  const torch::Tensor got = SequenceLogProbs(logits, labels, torch::ones({2, 4}, torch::kLong));
+  ASSERT_EQ(got.sizes(), (std::vector<int64_t>{2, 1}));
+  EXPECT_NEAR(got[0][0].item<double>(), row0, 1e-5);
+  EXPECT_NEAR(got[1][0].item<double>(), row1, 1e-5);
+  // Packed: row 0 holds segments 2 (positions 1-2) and 3 (position 3); a label counts for the
+  // segment of the token it predicts.
+  const torch::Tensor packed = SequenceLogProbs(logits, torch::tensor({{-100, 3, 1, 2}, {-100, -100, 4, 0}}),
+                                                torch::tensor({{1, 2, 2, 3}, {1, 1, 2, 2}}));
+  ASSERT_EQ(packed.sizes(), (std::vector<int64_t>{2, 2}));
+  EXPECT_NEAR(packed[0][0].item<double>(), row0, 1e-5);
+  EXPECT_NEAR(packed[0][1].item<double>(), lp[0][2][2].item<double>(), 1e-5);
+  EXPECT_NEAR(packed[1][0].item<double>(), row1, 1e-5);
+  EXPECT_EQ(packed[1][1].item<double>(), 0.0) << "a segment the row lacks scores 0";
   const torch::Tensor mask = torch::tensor({{1, 1, 0, 0}, {1, 1, 1, 1}});
   const torch::Tensor next = LastTokenArgmax(logits, mask);
   EXPECT_EQ(next[0].item<int64_t>(), logits[0][1].argmax().item<int64_t>());
   EXPECT_EQ(next[1].item<int64_t>(), logits[1][3].argmax().item<int64_t>());
+}
+
+// Packing every label after one prompt computes, per segment, what the row (prompt, label) alone
+// computes: the same scores as one forward per candidate, with the prompt computed once.
+TEST(Evaluate, PackedCandidatesScoreAsSeparateRows) {
+  const std::string dir = TinyModelDir("packed");
+  const auto tokenizer = Tokenizer::Load(dir);
+  const ModelConfig config = ModelConfig::Load(dir + "/config.json");
+  ModelPart model(config, PartSpec::Whole(config));
+  LoadPartWeights(model, dir);
+  model->eval();
+  torch::NoGradGuard no_grad;
+  const std::vector<std::string> labels = {"animal", "plant", "a domesticated tree", "walked"};
+  const Example a{"dog: a domesticated animal\ntopic:", "", 0}, b{"oak:", "", 1};
+  // The longest candidate's row, and a max_tokens that cuts two of its prompt tokens.
+  const ExampleEncoder wide(*tokenizer, 1, 2, 64);
+  const auto longest_pair = wide.Encode(a.prompt, labels[2]);
+  const auto cut = static_cast<int64_t>(longest_pair.prompt.size() + longest_pair.completion.size());
+  for (int64_t max_tokens : {int64_t{64}, cut}) {
+    const ExampleEncoder encoder(*tokenizer, 1, 2, max_tokens);
+    const Batch packed = encoder.MakeCandidateBatch({&a, &b}, labels);
+    const torch::Tensor scores = SequenceLogProbs(model(packed.ids, packed.mask), packed.labels, packed.mask);
+    ASSERT_EQ(scores.sizes(), (std::vector<int64_t>{2, 4}));
+    for (size_t k = 0; k < labels.size(); ++k) {
+      // The separate row of the longest candidate is cut exactly as the packed prompt.
+      if (max_tokens == cut && k != 2) continue;
+      const Example ak{a.prompt, labels[k], 0}, bk{b.prompt, labels[k], 1};
+      const Batch row = encoder.MakeBatch({&ak, &bk}, {0, 0});
+      const torch::Tensor expected = SequenceLogProbs(model(row.ids, row.mask), row.labels, row.mask);
+      for (int64_t e = 0; e < 2; ++e) {
+        EXPECT_NEAR(scores[e][static_cast<int64_t>(k)].item<double>(), expected[e][0].item<double>(), 1e-4)
+            << "example " << e << ", label " << labels[k] << ", max_tokens " << max_tokens;
+      }
+    }
+  }
 }
 
 TEST(Evaluate, AccuracyAndExactMatchCountCorrectly) {
@@ -73,11 +118,11 @@ TEST(Evaluate, AccuracyAndExactMatchCountCorrectly) {
   d.validation = {{"dog:", "animal", 0}, {"oak:", "plant", 1}, {"cat:", "animal", 0}};
   // A scorer that likes "plant": right on one of three.
   const std::vector<int64_t> plant = encoder.Encode("x", "plant").completion;
-  const SequenceScorer prefers_plant = [&](const Batch& b) {
-    torch::Tensor s = torch::zeros({b.ids.size(0)});
+  const SequenceScorer prefers_plant = [&](const Batch& b) {  // packed rows: one score per segment
+    torch::Tensor s = torch::zeros({b.ids.size(0), 2});
     for (int64_t r = 0; r < b.ids.size(0); ++r) {
       for (int64_t t = 0; t < b.ids.size(1); ++t) {
-        if (b.labels[r][t].item<int64_t>() == plant[0]) s[r] = 1.0;
+        if (b.labels[r][t].item<int64_t>() == plant[0]) s[r][b.mask[r][t].item<int64_t>() - 2] = 1.0;
       }
     }
     return s;

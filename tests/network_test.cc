@@ -9,6 +9,7 @@
 
 #include "client/client_config.h"
 #include "client/grpc_transport.h"
+#include "client/local_transport.h"
 #include "client/split_client.h"
 #include "common/checkpoint.h"
 #include "common/error.h"
@@ -88,6 +89,39 @@ TEST_F(Network, Fp32OverTheNetworkFollowsLocalTraining) {
   for (size_t i = 0; i < 15; ++i) {
     EXPECT_NEAR(c.records()[i].loss, reference.losses[i], 1e-4 * std::fabs(reference.losses[i]) + 1e-5) << "step " << i;
   }
+}
+
+// amaq-study runs in one process and counts the gRPC messages the network path would exchange:
+// the same run over gRPC counts exactly as many message bytes, and the socket carries those plus
+// the transport's own overhead (TLS records and handshake, HTTP/2 frames and headers).
+TEST_F(Network, InProcessRunCountsTheMessageBytesOfTheNetworkRun) {
+  StartServer();
+  const auto run = [&](client::Transport& transport) {
+    client::SplitClient c(ClientFor("client-1", "amaq:budget=4", 12), testing::ParityDataset(16), transport);
+    c.Run();
+    return std::make_pair(transport.bytes_up(), transport.bytes_down());
+  };
+  client::GrpcOptions messages = ClientTransport(kToken1, port_);
+  messages.meter = false;
+  client::GrpcTransport network(messages);
+  const auto over_grpc = run(network);
+  StopServer();
+
+  server::SplitServer in_process(testing::TinyServerOptions(*model_));
+  client::LocalTransport local(in_process, 4096);  // the fixture's service chunks at 4096 bytes
+  const auto counted = run(local);
+  EXPECT_EQ(counted.first, over_grpc.first) << "message bytes up";
+  EXPECT_EQ(counted.second, over_grpc.second) << "message bytes down";
+  EXPECT_GT(counted.first, 12u * 4096) << "every step's activation is counted";
+
+  StartServer();
+  client::GrpcTransport socket(ClientTransport(kToken1, port_));  // metered at the socket
+  const auto at_socket = run(socket);
+  EXPECT_GE(at_socket.first, counted.first);
+  EXPECT_GE(at_socket.second, counted.second);
+  // A few kB of handshake and headers, and a TLS record and an HTTP/2 frame header per message.
+  EXPECT_LE(at_socket.first, counted.first * 1.10 + 16384);
+  EXPECT_LE(at_socket.second, counted.second * 1.10 + 16384);
 }
 
 ErrorCode JoinError(client::GrpcOptions g, const std::string& client_id, const std::string& fingerprint) {

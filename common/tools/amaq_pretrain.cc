@@ -182,7 +182,7 @@ int Run(const Options& o, const std::string& command) {
   }
 
   const std::vector<Batch> eval_batches = ValidationBatches(validation, o);
-  const SequenceScorer score = [&](const Batch& b) { return SequenceLogProbs(model(b.ids, b.mask), b.labels); };
+  const SequenceScorer score = [&](const Batch& b) { return SequenceLogProbs(model(b.ids, b.mask), b.labels, b.mask); };
   Progress progress("pretrain", o.steps);
   double smoothed = 0;
   auto started = std::chrono::steady_clock::now();

@@ -1,0 +1,76 @@
+#include "proto/step_messages.h"
+
+#include <algorithm>
+
+namespace amaq {
+namespace {
+
+// How many chunks a codec message of `bytes` takes (an empty one still takes one).
+size_t ChunkCount(size_t bytes, size_t chunk) { return std::max<size_t>(1, (bytes + chunk - 1) / chunk); }
+
+template <typename Message>
+void SetChunk(Message* m, const std::vector<uint8_t>& payload, size_t index, size_t count, size_t chunk) {
+  m->set_chunk_index(static_cast<int>(index));
+  m->set_chunk_count(static_cast<int>(count));
+  const size_t begin = index * chunk, end = std::min(payload.size(), begin + chunk);
+  if (begin < end) m->set_payload(payload.data() + begin, end - begin);
+}
+
+}  // namespace
+
+std::vector<v1::StepRequest> StepRequests(const StepInput& input, size_t max_chunk_bytes) {
+  const size_t count = ChunkCount(input.activation.size(), max_chunk_bytes);
+  std::vector<v1::StepRequest> out(count);
+  for (size_t i = 0; i < count; ++i) {
+    v1::StepRequest& r = out[i];
+    r.set_step_id(input.step_id);
+    r.set_kind(static_cast<v1::StepRequest::Kind>(input.kind));
+    if (i == 0) {
+      *r.mutable_sample_ids() = {input.sample_ids.begin(), input.sample_ids.end()};
+      r.set_batch(static_cast<int32_t>(input.batch));
+      r.set_tokens(static_cast<int32_t>(input.tokens));
+      *r.mutable_attention_mask() = {input.mask.begin(), input.mask.end()};
+      *r.mutable_labels() = {input.labels.begin(), input.labels.end()};
+    }
+    SetChunk(&r, input.activation, i, count, max_chunk_bytes);
+  }
+  return out;
+}
+
+std::vector<v1::StepReply> StepReplies(const StepResult& result, size_t max_chunk_bytes) {
+  const size_t count = ChunkCount(result.gradient.size(), max_chunk_bytes);
+  std::vector<v1::StepReply> out(count);
+  for (size_t i = 0; i < count; ++i) {
+    v1::StepReply& r = out[i];
+    r.set_step_id(result.step_id);
+    if (i == 0) {
+      r.set_loss(result.loss);
+      r.set_duplicate(result.duplicate);
+      r.set_average_bits(result.average_bits);
+      r.set_server_seconds(result.server_seconds);
+      *r.mutable_scores() = {result.scores.begin(), result.scores.end()};
+      *r.mutable_next_tokens() = {result.next_tokens.begin(), result.next_tokens.end()};
+    }
+    SetChunk(&r, result.gradient, i, count, max_chunk_bytes);
+  }
+  return out;
+}
+
+void ToNamedTensors(const NamedFloats& tensors, google::protobuf::RepeatedPtrField<v1::NamedTensor>* out) {
+  for (const auto& [name, t] : tensors) {
+    v1::NamedTensor* m = out->Add();
+    m->set_name(name);
+    *m->mutable_shape() = {t.shape.begin(), t.shape.end()};
+    *m->mutable_values() = {t.values.begin(), t.values.end()};
+  }
+}
+
+NamedFloats FromNamedTensors(const google::protobuf::RepeatedPtrField<v1::NamedTensor>& tensors) {
+  NamedFloats out;
+  for (const v1::NamedTensor& t : tensors) {
+    out[t.name()] = NamedFloat{{t.shape().begin(), t.shape().end()}, {t.values().begin(), t.values().end()}};
+  }
+  return out;
+}
+
+}  // namespace amaq

@@ -1,0 +1,30 @@
+// The protobuf messages of one split step, as both sides put them on the wire: a StepInput becomes
+// StepRequest chunks, a StepResult StepReply chunks, each chunk carrying at most max_chunk_bytes of
+// the codec message (the first chunk also carries the step's other fields); named tensors
+// travel whole. The gRPC client and
+// service send exactly these; the in-process transport counts them, so that a study run and a
+// network run report the same protocol bytes (FramedBytes: the serialized message plus gRPC's
+// 5-byte length prefix; TLS records, HTTP/2 frames and headers come on top at the socket).
+#pragma once
+
+#include <google/protobuf/message_lite.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "amaq/v1/split_training.pb.h"
+#include "common/split_step.h"
+
+namespace amaq {
+
+std::vector<v1::StepRequest> StepRequests(const StepInput& input, size_t max_chunk_bytes);
+std::vector<v1::StepReply> StepReplies(const StepResult& result, size_t max_chunk_bytes);
+
+// Named tensors (collaborative adapter averaging) to and from their protobuf form.
+void ToNamedTensors(const NamedFloats& tensors, google::protobuf::RepeatedPtrField<v1::NamedTensor>* out);
+NamedFloats FromNamedTensors(const google::protobuf::RepeatedPtrField<v1::NamedTensor>& tensors);
+
+// Bytes of one gRPC message on the stream: the length-prefixed serialized protobuf.
+inline uint64_t FramedBytes(const google::protobuf::MessageLite& message) { return message.ByteSizeLong() + 5; }
+
+}  // namespace amaq

@@ -1,0 +1,108 @@
+#!/usr/bin/python3
+"""Tests of scripts/study: the interval formula on known cases, the Pareto frontier, the paired
+difference, and that a second invocation skips the runs already finished (resume)."""
+import importlib.machinery
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import unittest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+loader = importlib.machinery.SourceFileLoader("study", os.path.join(ROOT, "scripts", "study"))
+spec = importlib.util.spec_from_loader("study", loader)
+study = importlib.util.module_from_spec(spec)
+loader.exec_module(study)
+
+
+class Interval(unittest.TestCase):
+    def test_identical_seeds_leave_only_the_binomial_error(self):
+        mean, half, sd = study.interval([0.5] * 5, 2000)
+        self.assertAlmostEqual(mean, 0.5)
+        self.assertAlmostEqual(sd, 0.0)
+        self.assertAlmostEqual(half, 1.96 * (0.25 / 2000) ** 0.5, places=12)  # 0.0219
+
+    def test_seed_spread_and_binomial_error_add_in_quadrature(self):
+        values = [0.30, 0.32, 0.34, 0.36, 0.38]  # mean 0.34, sd 0.0316
+        mean, half, sd = study.interval(values, 1000)
+        self.assertAlmostEqual(mean, 0.34)
+        self.assertAlmostEqual(sd, 0.0316228, places=6)
+        seed_half = 2.776 * 0.0316228 / 5 ** 0.5
+        binomial_half = 1.96 * (0.34 * 0.66 / 1000) ** 0.5
+        self.assertAlmostEqual(half, (seed_half ** 2 + binomial_half ** 2) ** 0.5, places=6)
+
+    def test_one_seed_has_no_finite_interval(self):
+        self.assertEqual(study.interval([0.4], 2000)[1], float("inf"))
+
+    def test_t_quantiles(self):
+        self.assertAlmostEqual(study.t975(4), 2.776)
+        self.assertAlmostEqual(study.t975(11), 2.179)  # between table entries: the next larger df's (conservative)
+        self.assertAlmostEqual(study.t975(1000), 1.96)
+
+
+class Comparisons(unittest.TestCase):
+    def test_paired_difference_cancels_what_the_seeds_share(self):
+        a = {1: 0.40, 2: 0.50, 3: 0.60}
+        b = {1: 0.38, 2: 0.48, 3: 0.58, 4: 0.9}  # seed 4 has no partner
+        d, half, n = study.paired(a, b)
+        self.assertAlmostEqual(d, 0.02)
+        self.assertAlmostEqual(half, 0.0, places=12)
+        self.assertEqual(n, 3)
+
+    def test_pareto_frontier(self):
+        points = [(10, 0.5), (5, 0.4), (5, 0.45), (20, 0.49), (1, 0.1)]
+        self.assertEqual(study.pareto(points), [4, 2, 0])  # (5, 0.4) and (20, 0.49) are dominated
+
+
+FAKE_RUN = textwrap.dedent("""\
+    #!/usr/bin/python3
+    # Stands in for amaq-study: writes a result and counts its invocations.
+    import json, sys
+    args = dict(a[2:].split("=", 1) for a in sys.argv[1:])
+    with open(args["counter"], "a") as f:
+        f.write(args["method"] + " " + args["seed"] + "\\n")
+    result = dict(task=args["task"], method=args["method"], seed=int(args["seed"]), steps=8, eval_split="report",
+                  eval_examples=100, metric=0.3 + 0.01 * int(args["seed"]), correct=30, bits_mean=4.0, bits_q1=8,
+                  bits_q2=4, bits_q3=3, bits_q4=3, bits_last_quarter=3.0, train_bytes_up=1000, train_bytes_down=900,
+                  eval_bytes=10, loss_first=2.0, loss_last=1.0, loss_max_second_half=1.2, seconds=0.1)
+    with open(args["out"], "w") as f:
+        json.dump(result, f)
+""")
+
+
+class Resume(unittest.TestCase):
+    def test_a_second_invocation_skips_finished_runs(self):
+        with tempfile.TemporaryDirectory() as d:
+            fake = os.path.join(d, "fake-run")
+            with open(fake, "w") as f:
+                f.write(FAKE_RUN)
+            os.chmod(fake, 0o755)
+            counter = os.path.join(d, "calls")
+            grid = os.path.join(d, "grid.yaml")
+            with open(grid, "w") as f:
+                f.write(f"name: t\nprogram: {fake}\nsettings: {{counter: {counter}}}\ntasks: {{wordnet: {{}}}}\n"
+                        "methods: [bf16, 'fixed:3:channel']\nseeds: [1, 2]\n"
+                        "compare: [[bf16, 'fixed:3:channel']]\n")
+            out = os.path.join(d, "out")
+            command = [os.path.join(ROOT, "scripts", "study"), grid, "--out", out, "--jobs", "2"]
+            subprocess.run(command, check=True, capture_output=True)
+            with open(counter) as f:
+                self.assertEqual(len(f.readlines()), 4)
+            os.remove(os.path.join(out, "runs", "wordnet__bf16__s2.json"))  # one run lost
+            second = subprocess.run(command, check=True, capture_output=True, text=True)
+            with open(counter) as f:
+                calls = f.read().split("\n")
+            self.assertEqual([c for c in calls if c][4:], ["bf16 2"], "only the missing run runs again")
+            self.assertIn("3 already done, 1 to run", second.stdout)
+            with open(os.path.join(out, "results.csv")) as f:
+                self.assertEqual(len(f.readlines()), 5)  # header + 4 runs
+            self.assertTrue(os.path.exists(os.path.join(out, "frontier-wordnet.png")))
+            with open(os.path.join(out, "report.md")) as f:
+                self.assertIn("| bf16 | fixed:3:channel | +0.0000 |", f.read())
+
+
+if __name__ == "__main__":
+    unittest.main()
