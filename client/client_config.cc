@@ -21,7 +21,7 @@ Config ClientConfig() {
   c.AddBool("meter", true, "count bytes at the socket through a local relay");
   c.AddString("model", "models/amaq-base", "Hugging Face model directory (the same base model as the server)");
   c.AddInt("cut_layer", 2, "layers [0, cut) run here", 0, 1000);
-  c.AddString("method", "amaq:8->3", "fp32 | bf16 | fp16 | fixed:<b>[:<granularity>[:<G>]] | amaq[:<bmax>-><bmin>] | amaq:budget=<b> | aqsgd:<b>");
+  c.AddString("method", "amaq:8->3", "fp32 | bf16 | fp16 | fixed:<b>[:<granularity>[:<G>]] | amaq[:<bmax>-><bmin>] | amaq:budget=<b>[:uniform] | aqsgd:<b>; a quantized one may end in :grad=<b>");
   c.AddString("task", "wordnet", "data set", {"wordnet", "verbs", "arithmetic", "jsonl"});
   c.AddString("data", "data", "data directory (scripts/fetch-data)");
   c.AddString("train_jsonl", "", "task jsonl: training file");

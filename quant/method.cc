@@ -11,7 +11,7 @@ namespace {
 
 constexpr char kForms[] =
     "use fp32, bf16, fp16, fixed:<bits>[:tensor|channel|token|group[:<size>]], amaq[:<bmax>-><bmin>], "
-    "amaq:budget=<bits>[:uniform][:grad=<bits>] or aqsgd:<bits>";
+    "amaq:budget=<bits>[:uniform] or aqsgd:<bits>, each quantized one optionally ending in :grad=<bits>";
 
 std::vector<std::string> SplitColon(const std::string& text) {
   std::vector<std::string> parts;
@@ -41,8 +41,14 @@ int Bits(const std::string& text, const std::string& method, int low) {
 
 Method Method::Parse(const std::string& text) {
   Method m;
-  const std::vector<std::string> p = SplitColon(text);
+  std::vector<std::string> p = SplitColon(text);
   Require(!p.empty(), ErrorCode::kInvalidArgument, "method is empty: " + std::string(kForms));
+  if (p.size() > 1 && p.back().rfind("grad=", 0) == 0) {  // any quantized method: fixed gradient widths
+    Require(p[0] != "fp32" && p[0] != "bf16" && p[0] != "fp16", ErrorCode::kInvalidArgument,
+            "method '" + text + "': float methods send gradients as they send activations; grad= is for quantized ones");
+    m.gradient_bits = Bits(p.back().substr(5), text, 2);
+    p.pop_back();
+  }
   if (text == "fp32" || text == "none") {
     m.float_scheme = Scheme::kFloat32;
   } else if (text == "bf16") {
@@ -67,15 +73,13 @@ Method Method::Parse(const std::string& text) {
               "method '" + text + "': group size must be a positive integer");
       m.group_size = static_cast<int>(g);
     }
-  } else if (p[0] == "amaq" && p.size() <= 4) {
+  } else if (p[0] == "amaq" && p.size() <= 3) {
     m.kind = Kind::kAmaq;
     for (size_t i = 1; i < p.size(); ++i) {
       const std::string& arg = p[i];
       const size_t arrow = arg.find("->");
       if (arg.rfind("budget=", 0) == 0) {
         m.budget = Number(arg.substr(7), text);
-      } else if (arg.rfind("grad=", 0) == 0) {
-        m.gradient_bits = Bits(arg.substr(5), text, 2);
       } else if (arg == "uniform") {
         m.uniform = true;
       } else if (arrow != std::string::npos) {
@@ -110,6 +114,7 @@ std::string Method::ToString() const {
       std::snprintf(buf, sizeof buf, "fixed:%d:%s", bits, g);
       std::string s = buf;
       if (granularity == Granularity::kGroup) s += ":" + std::to_string(group_size);
+      if (gradient_bits) s += ":grad=" + std::to_string(*gradient_bits);
       return s;
     }
     case Kind::kAmaq:
@@ -124,7 +129,7 @@ std::string Method::ToString() const {
       if (gradient_bits) s += ":grad=" + std::to_string(*gradient_bits);
       return s;
     }
-    case Kind::kAqsgd: return "aqsgd:" + std::to_string(bits);
+    case Kind::kAqsgd: return "aqsgd:" + std::to_string(bits) + (gradient_bits ? ":grad=" + std::to_string(*gradient_bits) : "");
   }
   return "?";
 }
@@ -154,8 +159,8 @@ BitsTable Method::GradientBits(const Decoded& activation) const {
   switch (kind) {
     case Kind::kAmaq:  // the same per-channel (or per-token) widths, or a fixed width
       return gradient_bits ? BitsTable::Uniform(*gradient_bits) : activation.bits;
-    case Kind::kFixed: return BitsTable::Uniform(bits);
-    case Kind::kAqsgd: return BitsTable::Uniform(8);
+    case Kind::kFixed: return BitsTable::Uniform(gradient_bits.value_or(bits));
+    case Kind::kAqsgd: return BitsTable::Uniform(gradient_bits.value_or(8));
     case Kind::kFloat: return BitsTable{};
   }
   return BitsTable{};

@@ -7,7 +7,7 @@
 //   amaq:budget=<bits>[:uniform]                AMAQ allocated to a target average (docs/amaq.md);
 //                                               uniform: every channel one width on the same
 //                                               schedule, no learned allocation (the control)
-//   amaq...:grad=<bits>                         AMAQ whose gradients go back at a fixed width
+//   <quantized method>:grad=<bits>              its gradients go back at a fixed width per channel
 //   aqsgd:<bits>                                AQ-SGD with <bits>-bit deltas (gradients 8-bit)
 //
 // Both sides derive their codec options from it: the activation's on the client, the gradient's
@@ -33,7 +33,7 @@ struct Method {
   double bmax = 8, bmin = 3;               // kAmaq
   std::optional<double> budget;            // kAmaq
   bool uniform = false;                    // kAmaq with a budget
-  std::optional<int> gradient_bits;        // kAmaq: fixed gradient width instead of the activation's
+  std::optional<int> gradient_bits;        // not kFloat: fixed gradient width instead of the method's
 
   // Throws amaq::Error (kInvalidArgument) saying which forms are allowed.
   static Method Parse(const std::string& text);
