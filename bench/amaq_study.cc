@@ -12,12 +12,10 @@
 // Splits: WordNet topics report on the test split; verb past tense holds out 30% of the regular
 // verbs' training split (by a hash of the verb) as its report split; both tune on validation.
 #include <nlohmann/json.hpp>
-#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 
 #include "client/client_config.h"
 #include "client/local_transport.h"
@@ -26,7 +24,6 @@
 #include "common/config.h"
 #include "common/datasets.h"
 #include "common/error.h"
-#include "common/lora_keys.h"
 #include "common/program.h"
 #include "common/threads.h"
 #include "quant/method.h"

@@ -118,11 +118,7 @@ void GrpcTransport::CloseStream() {
 int64_t GrpcTransport::Join(const JoinInfo& info) {
   CloseStream();
   client_id_ = info.client_id;
-  amaq::v1::JoinRequest request;
-  request.set_client_id(info.client_id);
-  request.set_model_fingerprint(info.fingerprint);
-  request.set_cut_layer(static_cast<int32_t>(info.cut_layer));
-  request.set_method(info.method);
+  const amaq::v1::JoinRequest request = JoinRequestOf(info);
   amaq::v1::JoinReply reply;
   grpc::ClientContext context;
   AuthorizeCall(&context);

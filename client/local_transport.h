@@ -24,16 +24,11 @@ class LocalTransport : public Transport {
   int64_t Join(const JoinInfo& info) override {
     client_id_ = info.client_id;
     const int64_t last = server_.Join(info.client_id, info.fingerprint, info.cut_layer, info.method);
-    v1::JoinRequest request;
-    request.set_client_id(info.client_id);
-    request.set_model_fingerprint(info.fingerprint);
-    request.set_cut_layer(static_cast<int32_t>(info.cut_layer));
-    request.set_method(info.method);
     v1::JoinReply reply;
     reply.set_last_applied_step(last);
     reply.set_server_id(server_id_);
     reply.set_max_chunk_bytes(static_cast<int32_t>(max_chunk_bytes_));
-    up_ += FramedBytes(request);
+    up_ += FramedBytes(JoinRequestOf(info));
     down_ += FramedBytes(reply);
     return last;
   }

@@ -6,6 +6,16 @@
 #include "common/error.h"
 
 namespace amaq {
+namespace {
+
+// Pointers to examples [begin, begin + count), cut at the end.
+std::vector<const Example*> Slice(const std::vector<Example>& examples, size_t begin, int64_t count) {
+  std::vector<const Example*> out;
+  for (size_t k = begin; k < std::min(examples.size(), begin + static_cast<size_t>(count)); ++k) out.push_back(&examples[k]);
+  return out;
+}
+
+}  // namespace
 
 torch::Tensor SequenceLogProbs(const torch::Tensor& logits, const torch::Tensor& labels, const torch::Tensor& mask) {
   const torch::Tensor log_probs = torch::log_softmax(logits.slice(1, 0, -1).to(torch::kFloat), -1);
@@ -34,8 +44,7 @@ double ClassificationAccuracy(const SequenceScorer& score, const ExampleEncoder&
   torch::NoGradGuard no_grad;
   int64_t correct = 0;
   for (size_t i = 0; i < examples.size(); i += static_cast<size_t>(batch_size)) {
-    std::vector<const Example*> chunk;
-    for (size_t k = i; k < std::min(examples.size(), i + static_cast<size_t>(batch_size)); ++k) chunk.push_back(&examples[k]);
+    const std::vector<const Example*> chunk = Slice(examples, i, batch_size);
     const torch::Tensor scores = score(encoder.MakeCandidateBatch(chunk, dataset.labels));
     Require(scores.dim() == 2 && scores.size(0) == static_cast<int64_t>(chunk.size()) &&
                 scores.size(1) == static_cast<int64_t>(dataset.labels.size()),
@@ -54,8 +63,7 @@ double ExactMatch(const GreedyStep& step, const ExampleEncoder& encoder, const s
   torch::NoGradGuard no_grad;
   int64_t correct = 0;
   for (size_t i = 0; i < examples.size(); i += static_cast<size_t>(batch_size)) {
-    std::vector<const Example*> chunk;
-    for (size_t k = i; k < std::min(examples.size(), i + batch_size); ++k) chunk.push_back(&examples[k]);
+    const std::vector<const Example*> chunk = Slice(examples, i, batch_size);
     Batch b = encoder.MakeBatch(chunk, std::vector<uint64_t>(chunk.size(), 0), /*with_completion=*/false);
     std::vector<std::vector<int64_t>> generated(chunk.size());
     std::vector<bool> done(chunk.size(), false);

@@ -124,15 +124,12 @@ ModelPartImpl::ModelPartImpl(const ModelConfig& config, PartSpec spec) : config_
   inv_freq_ = register_buffer("inv_freq", InverseFrequencies(config));
 }
 
-Rotary ModelPartImpl::RotaryFor(const torch::Tensor& attention_mask, torch::Dtype dtype) const {
+Rotary ModelPartImpl::RotaryFor(const torch::Tensor& m, const torch::Tensor& same_segment,
+                                 const torch::Tensor& future, torch::Dtype dtype) const {
   // Positions count context tokens only, so left- and right-padded batches agree with unpadded
   // ones; a candidate segment's tokens continue from the context before them (model.h).
-  const torch::Tensor m = attention_mask.to(torch::kLong);
   const torch::Tensor context = (m == 1).to(torch::kLong).cumsum(1);
-  const int64_t t = m.size(1);
-  const torch::Tensor earlier = torch::ones({t, t}, torch::kBool).tril(-1).to(m.device());
-  const torch::Tensor same_segment_before =
-      ((m.unsqueeze(2) == m.unsqueeze(1)) & earlier).sum(2);  // [B, T]: earlier tokens of i's segment
+  const torch::Tensor same_segment_before = (same_segment & future.t()).sum(2);  // earlier tokens of i's segment
   const torch::Tensor positions = torch::where(m >= 2, context + same_segment_before, (context - 1).clamp_min(0));
   const torch::Tensor angles = positions.unsqueeze(-1).to(torch::kFloat) * inv_freq_;  // [B, T, D/2]
   const torch::Tensor emb = torch::cat({angles, angles}, -1).unsqueeze(1);             // [B, 1, T, D]
@@ -155,12 +152,13 @@ torch::Tensor ModelPartImpl::forward(const torch::Tensor& input, const torch::Te
   if (!layers.empty()) {
     // Token i sees token j <= i when j is context, or j is in i's own candidate segment.
     const int64_t t = x.size(1);
-    const torch::Tensor m = attention_mask.to(x.device());
-    const torch::Tensor future = torch::ones({t, t}, torch::kBool).triu(1).to(x.device());
-    const torch::Tensor seen = (m.unsqueeze(1) == 1) | ((m.unsqueeze(1) == m.unsqueeze(2)) & (m.unsqueeze(1) >= 2));
+    const torch::Tensor m = attention_mask.to(x.device(), torch::kLong);
+    const torch::Tensor future = torch::ones({t, t}, torch::kBool).triu(1).to(x.device());  // [i][j]: j > i
+    const torch::Tensor same_segment = m.unsqueeze(2) == m.unsqueeze(1);                     // [B, i, j]
+    const torch::Tensor seen = (m.unsqueeze(1) == 1) | (same_segment & (m.unsqueeze(1) >= 2));
     const torch::Tensor mask = torch::zeros({x.size(0), 1, t, t}, x.options().dtype(torch::kFloat))
                                    .masked_fill_(future | ~seen.unsqueeze(1), kMaskedScore);
-    const Rotary rotary = RotaryFor(attention_mask, x.scalar_type());
+    const Rotary rotary = RotaryFor(m, same_segment, future, x.scalar_type());
     for (auto& layer : layers) x = layer(x, rotary, mask);
   }
   if (spec_.head) x = torch::matmul(norm(x), lm_head.t());

@@ -115,7 +115,10 @@ class ModelPartImpl : public torch::nn::Module {
   torch::Tensor lm_head;  // [V, H]; the embedding's weight when tied and both are here
 
  private:
-  Rotary RotaryFor(const torch::Tensor& attention_mask, torch::Dtype dtype) const;
+  // Rotary angles for mask values m [B, T], given forward's same-segment [B, T, T] and future
+  // [T, T] (j > i) masks.
+  Rotary RotaryFor(const torch::Tensor& m, const torch::Tensor& same_segment, const torch::Tensor& future,
+                   torch::Dtype dtype) const;
   template <typename Fn>
   void ForEachLinear(Fn fn);
 

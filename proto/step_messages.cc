@@ -18,6 +18,15 @@ void SetChunk(Message* m, const std::vector<uint8_t>& payload, size_t index, siz
 
 }  // namespace
 
+v1::JoinRequest JoinRequestOf(const JoinInfo& info) {
+  v1::JoinRequest r;
+  r.set_client_id(info.client_id);
+  r.set_model_fingerprint(info.fingerprint);
+  r.set_cut_layer(static_cast<int32_t>(info.cut_layer));
+  r.set_method(info.method);
+  return r;
+}
+
 std::vector<v1::StepRequest> StepRequests(const StepInput& input, size_t max_chunk_bytes) {
   const size_t count = ChunkCount(input.activation.size(), max_chunk_bytes);
   std::vector<v1::StepRequest> out(count);

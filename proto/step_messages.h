@@ -17,6 +17,7 @@
 
 namespace amaq {
 
+v1::JoinRequest JoinRequestOf(const JoinInfo& info);
 std::vector<v1::StepRequest> StepRequests(const StepInput& input, size_t max_chunk_bytes);
 std::vector<v1::StepReply> StepReplies(const StepResult& result, size_t max_chunk_bytes);
 

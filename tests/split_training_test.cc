@@ -80,6 +80,30 @@ TEST(SplitTraining, AmaqBudgetIsMetOverTheLastQuarter) {
   }
 }
 
+// The statistics amaq-study relates AMAQ's widths to, on values whose moments are known.
+TEST(CutStatistics, AccumulatesPerChannelMomentsOverSteps) {
+  client::CutStatistics stats;
+  EXPECT_TRUE(stats.Channels().empty());
+  // Channel 0 alternates -1, 1 (mean 0, sd 1, excess kurtosis -2); channel 1 is 0, 0, 0, 4.
+  stats.Add(torch::tensor({{-1.f, 0.f}, {1.f, 0.f}}), torch::tensor({{0.5f, -2.f}, {-0.5f, 2.f}}));
+  stats.Add(torch::tensor({{-1.f, 0.f}, {1.f, 4.f}}), torch::tensor({{0.5f, 0.f}, {0.5f, 0.f}}));
+  const auto c = stats.Channels();
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_DOUBLE_EQ(c[0].min, -1);
+  EXPECT_DOUBLE_EQ(c[0].max, 1);
+  EXPECT_NEAR(c[0].mean, 0, 1e-12);
+  EXPECT_NEAR(c[0].stddev, 1, 1e-12);
+  EXPECT_NEAR(c[0].kurtosis, -2, 1e-9);
+  EXPECT_NEAR(c[0].mean_abs_gradient, 0.5, 1e-12);
+  EXPECT_DOUBLE_EQ(c[1].max, 4);
+  EXPECT_NEAR(c[1].mean, 1, 1e-12);
+  EXPECT_NEAR(c[1].stddev, std::sqrt(3.0), 1e-12);    // E[x^2] = 4, minus mean^2
+  EXPECT_NEAR(c[1].kurtosis, 21.0 / 9.0 - 3, 1e-9);  // m4 = (1 + 1 + 1 + 81) / 4 = 21, m2^2 = 9
+  EXPECT_NEAR(c[1].mean_abs_gradient, 1, 1e-12);
+  EXPECT_THROW(stats.Add(torch::zeros({2, 3}), torch::zeros({2, 3})), Error);  // channel count changed
+  EXPECT_THROW(stats.Add(torch::zeros({2, 2}), torch::zeros({3, 2})), Error);  // shapes differ
+}
+
 TEST(SplitTraining, EveryMethodRunsAndCountsItsBytes) {
   const std::string dir = testing::TinyModelDir("methods");
   for (const char* method : {"bf16", "fixed:4:channel", "fixed:3:group:16", "aqsgd:4", "amaq:budget=4"}) {
@@ -241,6 +265,9 @@ TEST_F(ServerGuards, MalformedStepsAreRefusedAndStateIsKept) {
   EXPECT_EQ(CodeOf(bad), ErrorCode::kInvalidArgument);
   bad = Valid(0);
   bad.labels[1] = 999;
+  EXPECT_EQ(CodeOf(bad), ErrorCode::kInvalidArgument);
+  bad = Valid(0);
+  bad.mask[1] = 2;  // candidate segments are for SCORE steps only
   EXPECT_EQ(CodeOf(bad), ErrorCode::kInvalidArgument);
   // NaN activations: encoders refuse them, so patch one into a valid fp32 message and reseal it.
   bad = Valid(0);
