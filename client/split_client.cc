@@ -267,20 +267,30 @@ double SplitClient::Evaluate() {
   return ExactMatch(step, *encoder_, examples, 12, options_.eval_batch);
 }
 
-void SplitClient::SyncAdapters() {
+NamedFloats SplitClient::Adapter() {
   NamedFloats mine;
   for (auto& [name, t] : part_->LoraParameters()) {
     const torch::Tensor c = t.detach().to(torch::kCPU, torch::kFloat).contiguous();
     mine[name] = NamedFloat{c.sizes().vec(), std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel())};
   }
-  const NamedFloats average = transport_.SyncAdapters(mine);
+  return mine;
+}
+
+void SplitClient::SyncAdapters() {
+  const NamedFloats average = transport_.SyncAdapters(Adapter());
   torch::NoGradGuard no_grad;
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> averaged;
   for (auto& [name, t] : part_->LoraParameters()) {
     const auto it = average.find(name);
     Require(it != average.end() && static_cast<int64_t>(it->second.values.size()) == t.numel(), ErrorCode::kDataLoss,
             "the averaged adapter lacks " + name + ": clients must use the same LoRA settings");
-    t.copy_(torch::tensor(it->second.values).view(t.sizes()));
+    const torch::Tensor values = torch::tensor(it->second.values).view(t.sizes());
+    Require(torch::isfinite(values).all().item<bool>(), ErrorCode::kDataLoss,
+            "the averaged adapter's " + name + " holds values that are not finite: kept this client's own; "
+            "tell the server's operator (another client's upload is broken)");
+    averaged.emplace_back(t, values);
   }
+  for (auto& [target, values] : averaged) target.copy_(values);  // all or nothing
 }
 
 std::vector<uint8_t> SplitClient::GateBits() const { return amaq_ ? amaq_->IntegerBits(amaq_->gates().size(0)).bits : std::vector<uint8_t>{}; }

@@ -95,8 +95,12 @@ class SplitClient {
   // weights are left as they are: each side applies each step once.
   StepRecord TrainStep(int64_t step);
   double Evaluate();
-  // Collaborative mode: replaces this client's LoRA weights by the average over clients.
+  // Collaborative mode: replaces this client's LoRA weights by the average over clients. Throws
+  // amaq::Error (kDataLoss), keeping its own weights, when the average lacks a tensor or holds a
+  // value that is not finite.
   void SyncAdapters();
+  // This client's LoRA tensors (names as in PEFT), as SyncAdapters uploads them.
+  NamedFloats Adapter();
   const std::vector<StepRecord>& records() const { return records_; }
   double average_bits() const;
   // AMAQ's integer width per gate now (empty for other methods).

@@ -16,4 +16,9 @@ const char* ErrorCodeName(ErrorCode code) {
   return "UNKNOWN";
 }
 
+std::string Excerpt(const std::string& text, size_t max_chars) {
+  if (text.size() <= max_chars) return text;
+  return text.substr(0, max_chars) + "... (" + std::to_string(text.size()) + " bytes)";
+}
+
 }  // namespace amaq

@@ -41,4 +41,8 @@ inline void Require(bool condition, ErrorCode code, const std::string& message) 
   if (!condition) throw Error(code, message);
 }
 
+// `text` as a message may quote it when it comes from outside: at most `max_chars` of it, and the
+// size of the rest ("abc... (1048576 bytes)"), so that no input is echoed whole into a status.
+std::string Excerpt(const std::string& text, size_t max_chars = 64);
+
 }  // namespace amaq

@@ -1,6 +1,7 @@
 #include "common/program.h"
 
 #include <signal.h>
+#include <sys/resource.h>
 #include <spdlog/spdlog.h>
 
 #include <cerrno>
@@ -60,6 +61,17 @@ int WaitForStopSignal(double seconds) {
     if (received > 0) return received;
     if (errno == EAGAIN) return 0;  // the time passed; EINTR: wait again
   }
+}
+
+uint64_t RaiseOpenFilesLimit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return 0;
+  if (limit.rlim_cur < limit.rlim_max) {
+    rlimit raised = limit;
+    raised.rlim_cur = limit.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &raised) == 0) limit = raised;
+  }
+  return static_cast<uint64_t>(limit.rlim_cur);
 }
 
 }  // namespace amaq

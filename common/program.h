@@ -3,6 +3,7 @@
 // 0 done, 1 failed, 2 bad settings (amaq::Error kInvalidArgument).
 #pragma once
 
+#include <cstdint>
 #include <functional>
 
 #include "common/config.h"
@@ -17,5 +18,9 @@ int RunProgram(Config& config, int argc, char** argv, const std::function<int(co
 // the signal, or 0 when `seconds` (> 0) passed first.
 void BlockStopSignals();
 int WaitForStopSignal(double seconds = 0);
+
+// Raises this process's open-files limit (RLIMIT_NOFILE) to its hard limit, so that a server
+// holds as many connections as the system allows; returns the limit now in force.
+uint64_t RaiseOpenFilesLimit();
 
 }  // namespace amaq

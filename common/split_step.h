@@ -43,11 +43,20 @@ struct StepResult {
 // (common/model.h), each scored apart (StepResult::scores holds batch x segments values).
 constexpr int32_t kMaxCandidateSegments = 1024;
 
-// Checks what can be checked of a step without the model: batch x tokens within
-// max_batch_tokens, mask and labels with batch x tokens entries, mask entries 0 or 1 (SCORE: up
-// to kMaxCandidateSegments + 1), labels -100 or a token id below vocab_size. Throws amaq::Error
-// (kInvalidArgument) naming the field.
-void CheckStepFields(const StepInput& in, int64_t max_batch_tokens, int64_t vocab_size);
+// What a server accepts of one step's shape.
+struct StepShapeLimits {
+  int64_t max_batch_tokens = 65536;     // batch x tokens
+  int64_t max_sequence_tokens = 2048;   // tokens per row: at most the model's max_position_embeddings
+  int64_t vocab_size = 0;
+};
+
+// Checks what can be checked of a step without the model: a step id >= 0; batch x tokens within
+// the limits; mask and labels with batch x tokens entries, mask entries 0 or 1 (SCORE: up to
+// kMaxCandidateSegments + 1), labels -100 or a token id below vocab_size; a TRAIN step with a
+// token that is not padding and a label after position 0 (an all-padding step would move the
+// optimizer's state for nothing).
+// Throws amaq::Error (kInvalidArgument) naming the field.
+void CheckStepFields(const StepInput& in, const StepShapeLimits& limits);
 
 // Named tensors as plain floats (collaborative adapter averaging).
 struct NamedFloat {

@@ -1,5 +1,7 @@
 #include "common/tcp_relay.h"
 
+#include <spdlog/spdlog.h>
+
 #include <boost/asio.hpp>
 
 #include <algorithm>
@@ -44,8 +46,9 @@ struct Relay {
   int64_t fault_budget = -1;
   std::function<void()> fault;
   asio::steady_timer reset_timer{io};
+  asio::steady_timer accept_retry{io};
   std::mt19937_64 jitter_rng;
-  std::atomic<uint64_t> up{0}, down{0}, reset_count{0};
+  std::atomic<uint64_t> up{0}, down{0}, reset_count{0}, refused{0};
   std::mutex mutex;  // guards connections (the destructor reads it from another thread)
   std::list<std::weak_ptr<RelayConnection>> connections;
   std::thread thread;
@@ -235,16 +238,30 @@ void Relay::CloseAll() {
 void Relay::Accept() {
   auto connection = std::make_shared<RelayConnection>(*this);
   acceptor.async_accept(connection->client, [this, connection](boost::system::error_code ec) {
-    if (ec) return;  // the acceptor was closed
+    if (ec == asio::error::operation_aborted || !acceptor.is_open()) return;  // the relay is stopping
+    if (ec) {  // out of file descriptors (EMFILE, ENFILE) or memory: pause, then listen on
+      spdlog::warn("relay: accept failed ({}): retrying in 100 ms; raise the open-files limit or lower max_connections",
+                   ec.message());
+      accept_retry.expires_after(std::chrono::milliseconds(100));
+      accept_retry.async_wait([this](boost::system::error_code wait) {
+        if (!wait) Accept();
+      });
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      connections.remove_if([](const std::weak_ptr<RelayConnection>& c) { return c.expired(); });
+      if (link.max_connections > 0 && connections.size() >= static_cast<size_t>(link.max_connections)) {
+        ++refused;
+        connection->Close();
+        return Accept();
+      }
+      connections.push_back(connection);
+    }
     connection->upstream.async_connect(upstream, [connection](boost::system::error_code cec) {
       if (cec) return connection->Close();
       connection->Start();
     });
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      connections.remove_if([](const std::weak_ptr<RelayConnection>& c) { return c.expired(); });
-      connections.push_back(connection);
-    }
     Accept();
   });
 }
@@ -252,8 +269,9 @@ void Relay::Accept() {
 TcpRelay::TcpRelay(std::string upstream_host, uint16_t upstream_port, LinkOptions link, const std::string& listen)
     : impl_(std::make_unique<Impl>()) {
   Require(link.up_bits_per_second >= 0 && link.down_bits_per_second >= 0 && link.latency_seconds >= 0 &&
-              link.jitter_seconds >= 0 && link.stall_seconds >= 0 && link.burst_bytes > 0,
-          ErrorCode::kInvalidArgument, "link rates, delays and the burst must not be negative (0 rate: unlimited)");
+              link.jitter_seconds >= 0 && link.stall_seconds >= 0 && link.burst_bytes > 0 && link.max_connections >= 0,
+          ErrorCode::kInvalidArgument,
+          "link rates, delays, the burst and max_connections must not be negative (0 rate or 0 connections: unlimited)");
   impl_->link = link;
   impl_->jitter_rng.seed(link.seed);
   if (link.reset_after_bytes >= 0) {
@@ -277,7 +295,7 @@ TcpRelay::TcpRelay(std::string upstream_host, uint16_t upstream_port, LinkOption
           "cannot resolve " + upstream_host + ": " + ec.message() + ": check the server address");
   impl_->upstream = *endpoints.begin();
   const auto [listen_host, listen_port] = SplitHostPort(listen, "listen");
-  const auto local_address = asio::ip::make_address(listen_host, ec);
+  const auto local_address = asio::ip::make_address(listen_host == "localhost" ? "127.0.0.1" : listen_host, ec);
   Require(!ec, ErrorCode::kInvalidArgument, "listen address '" + listen + "' is not an IP address: use e.g. 127.0.0.1:0");
   const tcp::endpoint local(local_address, listen_port);
   impl_->acceptor.open(local.protocol(), ec);
@@ -294,6 +312,7 @@ TcpRelay::~TcpRelay() {
     boost::system::error_code ignored;
     impl_->acceptor.close(ignored);
     impl_->reset_timer.cancel();
+    impl_->accept_retry.cancel();
     impl_->CloseAll();
   });
   // With the acceptor, every socket and every timer closed, each pending handler completes with an
@@ -305,6 +324,13 @@ uint16_t TcpRelay::port() const { return impl_->acceptor.local_endpoint().port()
 uint64_t TcpRelay::bytes_up() const { return impl_->up.load(); }
 uint64_t TcpRelay::bytes_down() const { return impl_->down.load(); }
 uint64_t TcpRelay::resets() const { return impl_->reset_count.load(); }
+uint64_t TcpRelay::refused() const { return impl_->refused.load(); }
+
+size_t TcpRelay::open_connections() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return static_cast<size_t>(std::count_if(impl_->connections.begin(), impl_->connections.end(),
+                                           [](const std::weak_ptr<RelayConnection>& c) { return !c.expired(); }));
+}
 
 void TcpRelay::ResetConnections() {
   asio::post(impl_->io, [this] { impl_->CloseAll(); });

@@ -28,6 +28,9 @@ struct LinkOptions {
   double stall_seconds = 0;         // ... for this long
   double blackhole_at_seconds = -1; // from this time on, drop everything and answer nothing
   uint64_t seed = 1;                // of the jitter
+  // Connections open at once; one more is closed as soon as it is accepted (0: no limit). Running
+  // out of file descriptors pauses accepting for 100 ms and never stops the relay.
+  int max_connections = 0;
 };
 
 class TcpRelay {
@@ -46,6 +49,8 @@ class TcpRelay {
   uint64_t bytes_up() const;    // delivered towards upstream
   uint64_t bytes_down() const;  // delivered from upstream
   uint64_t resets() const;      // times every connection was closed by a fault
+  uint64_t refused() const;     // connections closed at once: over max_connections
+  size_t open_connections() const;
 
   // Faults on demand (they act on the relay's thread, shortly after the call):
   void ResetConnections();                 // close every open connection, as a dropped link would

@@ -109,7 +109,7 @@ AqsgdReceiver::AqsgdReceiver(AqsgdOptions options, DecodeLimits limits)
     : cache_(options.cache_memory_bytes, options.spill_dir), limits_(limits) {}
 
 AqsgdDecoded AqsgdReceiver::Decode(const uint8_t* data, size_t size, int64_t expected_rows_per_sample,
-                                   int64_t expected_cols) {
+                                   int64_t expected_cols, int64_t expected_samples) {
   ByteReader r(data, size);
   Require(r.Get<uint32_t>("magic") == kFrameMagic, ErrorCode::kDataLoss,
           "AQ-SGD frame does not start with 'AQSG': it is not an AQ-SGD message");
@@ -128,10 +128,13 @@ AqsgdDecoded AqsgdReceiver::Decode(const uint8_t* data, size_t size, int64_t exp
           "AQ-SGD frame shape exceeds the decoder's limit of " +
               std::to_string(limits_.max_elements) + " elements");
   Require((expected_rows_per_sample < 0 || rows_per_sample == static_cast<uint64_t>(expected_rows_per_sample)) &&
-              (expected_cols < 0 || cols == static_cast<uint64_t>(expected_cols)),
+              (expected_cols < 0 || cols == static_cast<uint64_t>(expected_cols)) &&
+              (expected_samples < 0 || samples == static_cast<uint64_t>(expected_samples)),
           ErrorCode::kInvalidArgument,
-          "AQ-SGD frame has " + std::to_string(rows_per_sample) + " rows per sample and " + std::to_string(cols) +
-              " columns, not the expected " + std::to_string(expected_rows_per_sample) + " and " + std::to_string(expected_cols));
+          "AQ-SGD frame has " + std::to_string(samples) + " samples of " + std::to_string(rows_per_sample) +
+              " rows and " + std::to_string(cols) + " columns, not the expected " + std::to_string(expected_samples) +
+              " of " + std::to_string(expected_rows_per_sample) + " and " + std::to_string(expected_cols) +
+              " (-1: any): send the step's own batch");
   Require(uint64_t{samples} * 9 <= r.remaining(), ErrorCode::kDataLoss,
           "AQ-SGD frame ends inside its sample list: it was truncated; resend it");
   std::vector<uint8_t> flags(samples);
@@ -156,15 +159,21 @@ AqsgdDecoded AqsgdReceiver::Decode(const uint8_t* data, size_t size, int64_t exp
   const auto delta_size = r.Get<uint64_t>("delta_part_size");
   const uint8_t* delta_bytes = r.Take(delta_size, "delta_part");
   Require(r.remaining() == 0, ErrorCode::kDataLoss, "AQ-SGD frame has trailing bytes");
-  const Decoded full = Decoder(limits_).Decode(full_bytes, full_size);
-  const Decoded delta = Decoder(limits_).Decode(delta_bytes, delta_size);
+  size_t full_samples = 0;
+  for (uint8_t f : flags) full_samples += f == kFull;
+  const size_t delta_samples = samples - full_samples;
+  // Each part must have exactly the rows its samples declare (checked before it is decompressed).
+  const auto part_shape = [&](size_t part_samples) {
+    return part_samples == 0 ? ExpectedShape{0, -1}
+                             : ExpectedShape{static_cast<int64_t>(part_samples * rows_per_sample), static_cast<int64_t>(cols)};
+  };
+  Decoded full, delta;
+  Decoder(limits_).Decode(full_bytes, full_size, &full, part_shape(full_samples));
+  Decoder(limits_).Decode(delta_bytes, delta_size, &delta, part_shape(delta_samples));
 
   out.rows_per_sample = static_cast<int64_t>(rows_per_sample);
   out.cols = static_cast<int64_t>(cols);
   const size_t sample_size = rows_per_sample * cols;
-  size_t full_samples = 0;
-  for (uint8_t f : flags) full_samples += f == kFull;
-  const size_t delta_samples = samples - full_samples;
   Require(full.values.size() == full_samples * sample_size && IsFloatScheme(full.scheme) &&
               delta.values.size() == delta_samples * sample_size &&
               (full_samples == 0 || full.cols == out.cols) &&

@@ -56,9 +56,10 @@ class AqsgdReceiver {
   // Throws amaq::Error: kDataLoss for malformed frames, kFailedPrecondition when a delta arrives
   // for a sample this receiver holds no entry for (it restarted): the sender must then resend
   // that sample in full. The cache is only changed once the whole frame has been validated,
-  // including, when given (>= 0), the shape the caller expects.
+  // including, when given (>= 0), the shape the caller expects (checked on the frame's header,
+  // before anything is decompressed or allocated).
   AqsgdDecoded Decode(const uint8_t* data, size_t size, int64_t expected_rows_per_sample = -1,
-                      int64_t expected_cols = -1);
+                      int64_t expected_cols = -1, int64_t expected_samples = -1);
   CacheStats cache_stats() const { return cache_.stats(); }
 
  private:

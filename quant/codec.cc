@@ -2,6 +2,7 @@
 
 #include <zstd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -279,7 +280,7 @@ Decoded Decoder::Decode(const uint8_t* data, size_t size) {
   return d;
 }
 
-void Decoder::Decode(const uint8_t* data, size_t size, Decoded* out) {
+void Decoder::Decode(const uint8_t* data, size_t size, Decoded* out, ExpectedShape shape) {
   Require(size >= kHeaderSize + kChecksumSize, ErrorCode::kDataLoss,
           "tensor message has " + std::to_string(size) + " bytes, less than the " +
               std::to_string(kHeaderSize + kChecksumSize) +
@@ -323,6 +324,13 @@ void Decoder::Decode(const uint8_t* data, size_t size, Decoded* out) {
           "unknown scale format " + std::to_string(format_byte) + " in tensor message");
   Require((flags & ~(kFlagZstd | kFlagTableIncluded)) == 0 && reserved == 0,
           ErrorCode::kDataLoss, "tensor message sets unknown flags: it comes from a newer amaq");
+  Require((shape.rows < 0 || rows == static_cast<uint64_t>(shape.rows)) &&
+              (shape.cols < 0 || cols == static_cast<uint64_t>(shape.cols)),
+          ErrorCode::kInvalidArgument,
+          "tensor message is " + ShapeText(static_cast<int64_t>(std::min<uint64_t>(rows, INT64_MAX)),
+                                           static_cast<int64_t>(std::min<uint64_t>(cols, INT64_MAX))) +
+              " but its step says " + ShapeText(shape.rows, shape.cols) +
+              ": send the activation of the step's batch x tokens and the model's hidden size");
   Require(cols == 0 || rows <= limits_.max_elements / cols, ErrorCode::kResourceExhausted,
           "tensor message shape " + std::to_string(rows) + " x " + std::to_string(cols) +
               " exceeds the limit of " + std::to_string(limits_.max_elements) +

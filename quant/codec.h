@@ -64,6 +64,12 @@ struct DecodeLimits {
   uint64_t max_elements = uint64_t{1} << 28;  // larger tensors are refused (kResourceExhausted)
 };
 
+// The one shape a receiver accepts (from the step that carries the message): checked on the
+// header, before anything is decompressed or allocated. -1: any.
+struct ExpectedShape {
+  int64_t rows = -1, cols = -1;
+};
+
 class Encoder {
  public:
   // Encodes x [rows, cols]; `bits` is ignored by float schemes. When `reconstruction` is not null it
@@ -85,8 +91,9 @@ class Decoder {
  public:
   explicit Decoder(DecodeLimits limits = {}) : limits_(limits) {}
   Decoded Decode(const uint8_t* data, size_t size);
-  // Same, reusing out->values' memory: the form for a steady stream of same-sized messages.
-  void Decode(const uint8_t* data, size_t size, Decoded* out);
+  // Same, reusing out->values' memory: the form for a steady stream of same-sized messages. A
+  // message of another shape than `shape` is refused (kInvalidArgument) from its header.
+  void Decode(const uint8_t* data, size_t size, Decoded* out, ExpectedShape shape = {});
   void Reset() { last_table_.reset(); }
 
  private:

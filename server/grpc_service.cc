@@ -1,6 +1,10 @@
 #include "server/grpc_service.h"
 
+#include <malloc.h>
 #include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <random>
 
 #include "common/error.h"
 #include "proto/step_messages.h"
@@ -25,21 +29,33 @@ grpc::StatusCode CodeOf(ErrorCode code) {
   return grpc::StatusCode::UNKNOWN;
 }
 
+// Large buffers (a big step's activation, its reply, a refused step's chunks) go back to the
+// system when they are freed, so that a spike does not stay in the server's resident memory:
+// glibc keeps freed memory in its arenas otherwise.
+constexpr size_t kTrimAfterBytes = size_t{8} << 20;
+
+void ReturnMemoryAfter(size_t freed_bytes) {
+  if (freed_bytes >= kTrimAfterBytes) malloc_trim(0);
+}
+
 // One client's step stream: reassembles request chunks, computes on the service's worker, and
-// writes the reply in chunks, one step after another. gRPC calls its methods from its own threads
-// and the watchdog may end it from another: every operation on the stream takes mutex_.
+// writes the reply in chunks, one step after another. gRPC calls its methods from its own threads,
+// and the watchdog or a newer stream of the same client may end it from another: every operation
+// on the stream takes mutex_. A stream is never finished while its step is on the compute queue
+// (the queued task holds `this`): an end asked for meanwhile is carried out when the step is done.
 class StepsReactor : public grpc::ServerBidiReactor<StepRequest, StepReply>, public WatchedStream {
  public:
   StepsReactor(SplitTrainingService& service, std::string client, std::string token)
       : service_(service), client_(std::move(client)), token_(std::move(token)), assembler_(service.limits()) {
     service_.SetConnected(client_, true);
-    service_.Watch(this);
+    service_.Watch(this, client_);
     Read();
   }
 
   void OnReadDone(bool ok) override {
     if (!ok) return End(grpc::Status::OK);  // the client closed its side
     service_.CountTraffic(client_, request_.ByteSizeLong(), 0);
+    received_ += request_.payload().size();
     step_id_ = request_.step_id();
     bool complete = false;
     try {
@@ -56,7 +72,11 @@ class StepsReactor : public grpc::ServerBidiReactor<StepRequest, StepReply>, pub
       return End(grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                               "the token of client '" + client_ + "' was revoked: ask the server's operator for a new one"));
     }
-    Progress(Phase::kComputing);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (finished_) return;
+      Progress(Phase::kComputing);
+    }
     input_ = assembler_.Take();
     service_.Post([this] { Compute(); });
   }
@@ -70,7 +90,9 @@ class StepsReactor : public grpc::ServerBidiReactor<StepRequest, StepReply>, pub
   void OnDone() override {
     service_.Unwatch(this);
     service_.SetConnected(client_, false);
+    const size_t received = received_;
     delete this;
+    ReturnMemoryAfter(received);  // whatever of it the stream held is free now
   }
 
   void CheckStall(std::chrono::steady_clock::time_point now, std::chrono::steady_clock::duration timeout) override {
@@ -83,6 +105,13 @@ class StepsReactor : public grpc::ServerBidiReactor<StepRequest, StepReply>, pub
                      "the client " + what + " and then nothing for " +
                          std::to_string(std::chrono::duration<double>(timeout).count()) +
                          " s (the server's stall_timeout_seconds): rejoin and send the step again"));
+  }
+
+  void Supersede() override {
+    spdlog::warn("client {} opened another step stream: closing the older one", client_);
+    End(grpc::Status(grpc::StatusCode::ABORTED, "client '" + client_ +
+                                                    "' opened another step stream, which replaces this one: run each "
+                                                    "client id in one process only"));
   }
 
  private:
@@ -99,13 +128,23 @@ class StepsReactor : public grpc::ServerBidiReactor<StepRequest, StepReply>, pub
       result = service_.server().Step(client_, input_);
     } catch (const std::exception& e) {
       spdlog::warn("client {}: step {} refused: {}", client_, input_.step_id, e.what());
+      const size_t activation_bytes = input_.activation.size();
+      input_.activation = {};
+      ReturnMemoryAfter(activation_bytes);
+      Progress(Phase::kIdle);
       return End(ToStatus(e));
     }
     replies_ = StepReplies(result, static_cast<size_t>(service_.options().max_chunk_bytes));
     for (const StepReply& reply : replies_) service_.CountTraffic(client_, 0, reply.ByteSizeLong());
+    const size_t activation_bytes = input_.activation.size();
     input_.activation = {};
+    ReturnMemoryAfter(activation_bytes);
     next_reply_ = 0;
-    Progress(Phase::kReplying);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      Progress(Phase::kReplying);
+      if (deferred_end_) return FinishLocked(*deferred_end_);
+    }
     WriteNext();
   }
 
@@ -127,6 +166,14 @@ class StepsReactor : public grpc::ServerBidiReactor<StepRequest, StepReply>, pub
 
   void End(const grpc::Status& status) {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (phase_ == Phase::kComputing) {  // the compute queue holds `this`: end when the step is done
+      if (!deferred_end_) deferred_end_ = status;
+      return;
+    }
+    FinishLocked(status);
+  }
+
+  void FinishLocked(const grpc::Status& status) {
     if (finished_) return;
     finished_ = true;
     phase_ = Phase::kIdle;
@@ -146,6 +193,8 @@ class StepsReactor : public grpc::ServerBidiReactor<StepRequest, StepReply>, pub
   std::atomic<std::chrono::steady_clock::time_point> last_progress_{std::chrono::steady_clock::now()};
   std::mutex mutex_;
   bool finished_ = false;
+  size_t received_ = 0;  // payload bytes over the stream's life
+  std::optional<grpc::Status> deferred_end_;  // an end asked for while the step was computing
 };
 
 // A unary reactor that finishes at once with `status`.
@@ -158,18 +207,30 @@ grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* context, const grpc:
 }  // namespace
 
 grpc::Status ToStatus(const std::exception& e) {
-  if (const auto* error = dynamic_cast<const Error*>(&e)) return grpc::Status(CodeOf(error->code()), error->what());
-  return grpc::Status(grpc::StatusCode::INTERNAL, std::string("internal error: ") + e.what());
+  if (const auto* error = dynamic_cast<const Error*>(&e)) return grpc::Status(CodeOf(error->code()), Excerpt(error->what(), 2048));
+  // Anything else is a bug or a library's failure (LibTorch's carry stack traces): it stays in the
+  // server's log, and the client gets an id to quote.
+  const std::string id = fmt::format("{:016x}", (uint64_t{std::random_device{}()} << 32) | std::random_device{}());
+  spdlog::error("internal error {}: {}", id, e.what());
+  return grpc::Status(grpc::StatusCode::INTERNAL,
+                      "internal error " + id + " on the server: its operator finds the cause under that id in the server's log");
+}
+
+void HardenServerBuilder(grpc::ServerBuilder& builder, const SplitTrainingService& service) {
+  const uint64_t largest = std::max<uint64_t>(static_cast<uint64_t>(service.options().max_chunk_bytes), service.server().adapter_bytes());
+  builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<uint64_t>(largest + (1 << 20), INT32_MAX)));
+  builder.SetCompressionAlgorithmSupportStatus(GRPC_COMPRESS_DEFLATE, false);
+  builder.SetCompressionAlgorithmSupportStatus(GRPC_COMPRESS_GZIP, false);
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, 10000);
 }
 
 SplitTrainingService::SplitTrainingService(SplitServer& server, TokenStore& tokens, ServiceOptions options)
     : server_(server), tokens_(tokens), options_(std::move(options)) {
   limits_.max_chunk_bytes = options_.max_chunk_bytes;
   limits_.max_chunks = options_.max_chunks;
-  limits_.max_batch_tokens = server_.max_batch_tokens();
-  limits_.vocab_size = server_.config().vocab_size;
+  limits_.shape = server_.step_limits();
   // fp32 of the largest batch, plus room for the codec's scales and bits tables.
-  limits_.max_step_bytes = static_cast<uint64_t>(limits_.max_batch_tokens) * server_.config().hidden_size * 4 + (1 << 20);
+  limits_.max_step_bytes = static_cast<uint64_t>(limits_.shape.max_batch_tokens) * server_.config().hidden_size * 4 + (1 << 20);
   watchdog_ = std::thread([this] {
     const auto timeout = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
         std::chrono::duration<double>(options_.stall_timeout_seconds));
@@ -220,14 +281,24 @@ void SplitTrainingService::Post(std::function<void()> fn) {
   queue_ready_.notify_one();
 }
 
-void SplitTrainingService::Watch(WatchedStream* stream) {
+void SplitTrainingService::Watch(WatchedStream* stream, const std::string& client) {
   std::lock_guard<std::recursive_mutex> lock(watch_mutex_);
   streams_.insert(stream);
+  WatchedStream*& current = stream_of_[client];
+  WatchedStream* older = current;
+  current = stream;
+  if (older != nullptr) older->Supersede();  // one stream per client: the newest wins
 }
 
 void SplitTrainingService::Unwatch(WatchedStream* stream) {
   std::lock_guard<std::recursive_mutex> lock(watch_mutex_);
   streams_.erase(stream);
+  for (auto it = stream_of_.begin(); it != stream_of_.end(); ++it) {
+    if (it->second == stream) {
+      stream_of_.erase(it);
+      break;
+    }
+  }
 }
 
 size_t SplitTrainingService::open_streams() const {
@@ -243,35 +314,63 @@ std::string SplitTrainingService::TokenOf(const grpc::CallbackServerContext* con
 }
 
 bool SplitTrainingService::StillAuthorized(const std::string& token, const std::string& client) {
-  return !tokens_.enabled() || tokens_.ClientOf(token) == client;
+  if (!tokens_.enabled()) return true;
+  const auto owner = tokens_.OwnerOf(token);
+  return owner && owner->client == client;
 }
 
-grpc::Status SplitTrainingService::Authenticate(const grpc::CallbackServerContext* context, std::string* client) {
+namespace {
+
+// With mutual TLS, the identities of the client's certificate (common name, subject alternative
+// names); empty when the peer presented none.
+std::vector<std::string> CertificateIdentities(const grpc::CallbackServerContext* context) {
+  std::vector<std::string> names;
+  const std::shared_ptr<const grpc::AuthContext> auth = context->auth_context();
+  if (!auth || !auth->IsPeerAuthenticated()) return names;
+  for (const char* property : {"x509_common_name", "x509_subject_alternative_name"}) {
+    for (const grpc::string_ref& value : auth->FindPropertyValues(property)) names.emplace_back(value.data(), value.size());
+  }
+  return names;
+}
+
+}  // namespace
+
+grpc::Status SplitTrainingService::Authenticate(const grpc::CallbackServerContext* context, Caller* caller) {
   const auto& metadata = context->client_metadata();
   const std::string token = TokenOf(context);
   if (!tokens_.enabled()) {
     const auto claimed = metadata.find("x-amaq-client");
-    *client = claimed == metadata.end() ? "" : std::string(claimed->second.data(), claimed->second.size());
-    return grpc::Status::OK;
+    caller->client = claimed == metadata.end() ? "" : std::string(claimed->second.data(), claimed->second.size());
+    caller->admin = true;  // no tokens: a trusted network (tests), every caller sees everything
+  } else {
+    const std::optional<TokenStore::Owner> owner = tokens_.OwnerOf(token);
+    if (!owner) {
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                          token.empty() ? "no bearer token: set the client's token (authorization: Bearer <token>)"
+                                        : "unknown or revoked token: ask the server's operator for a valid one");
+    }
+    caller->client = owner->client;
+    caller->admin = owner->admin;
   }
-  const std::optional<std::string> owner = tokens_.ClientOf(token);
-  if (!owner) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                        token.empty() ? "no bearer token: set the client's token (authorization: Bearer <token>)"
-                                      : "unknown or revoked token: ask the server's operator for a valid one");
+  const std::vector<std::string> identities = CertificateIdentities(context);
+  if (!identities.empty() && std::find(identities.begin(), identities.end(), caller->client) == identities.end()) {
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        "the client certificate (" + Excerpt(identities.front()) + ") is not issued to client '" +
+                            Excerpt(caller->client) + "': use the certificate whose common name is the client id");
   }
-  *client = *owner;
   return grpc::Status::OK;
 }
 
 grpc::ServerUnaryReactor* SplitTrainingService::Join(grpc::CallbackServerContext* context,
                                                      const amaq::v1::JoinRequest* request, amaq::v1::JoinReply* reply) {
-  std::string client;
-  grpc::Status status = Authenticate(context, &client);
+  Caller caller;
+  grpc::Status status = Authenticate(context, &caller);
   if (!status.ok()) return Done(context, status);
+  const std::string& client = caller.client;
   if (tokens_.enabled() && request->client_id() != client) {
     return Done(context, grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                                      "this token belongs to client '" + client + "', not '" + request->client_id() + "'"));
+                                      "this token belongs to client '" + client + "', not '" + Excerpt(request->client_id()) +
+                                          "': send the client id the token was issued for"));
   }
   try {
     const int64_t last = server_.Join(request->client_id(), request->model_fingerprint(), request->cut_layer(), request->method());
@@ -286,27 +385,27 @@ grpc::ServerUnaryReactor* SplitTrainingService::Join(grpc::CallbackServerContext
 }
 
 grpc::ServerBidiReactor<StepRequest, StepReply>* SplitTrainingService::Steps(grpc::CallbackServerContext* context) {
-  std::string client;
-  const grpc::Status status = Authenticate(context, &client);
-  if (!status.ok() || client.empty()) {
+  Caller caller;
+  const grpc::Status status = Authenticate(context, &caller);
+  if (!status.ok() || caller.client.empty()) {
     struct Refuse : grpc::ServerBidiReactor<StepRequest, StepReply> {
       explicit Refuse(const grpc::Status& s) { Finish(s); }
       void OnDone() override { delete this; }
     };
     return new Refuse(status.ok() ? grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no client id: call Join first") : status);
   }
-  return new StepsReactor(*this, client, TokenOf(context));
+  return new StepsReactor(*this, caller.client, TokenOf(context));
 }
 
 grpc::ServerUnaryReactor* SplitTrainingService::SyncAdapters(grpc::CallbackServerContext* context,
                                                              const amaq::v1::AdapterUpload* request,
                                                              amaq::v1::AdapterAverage* reply) {
-  std::string client;
-  const grpc::Status status = Authenticate(context, &client);
+  Caller caller;
+  const grpc::Status status = Authenticate(context, &caller);
   if (!status.ok()) return Done(context, status);
   int clients = 0;
   try {
-    ToNamedTensors(server_.AverageAdapters(client, FromNamedTensors(request->tensors()), &clients), reply->mutable_tensors());
+    ToNamedTensors(server_.AverageAdapters(caller.client, FromNamedTensors(request->tensors()), &clients), reply->mutable_tensors());
   } catch (const std::exception& e) {
     return Done(context, ToStatus(e));
   }
@@ -316,13 +415,14 @@ grpc::ServerUnaryReactor* SplitTrainingService::SyncAdapters(grpc::CallbackServe
 
 grpc::ServerUnaryReactor* SplitTrainingService::Status(grpc::CallbackServerContext* context,
                                                        const amaq::v1::StatusRequest*, amaq::v1::StatusReply* reply) {
-  std::string client;
-  const grpc::Status status = Authenticate(context, &client);
+  Caller caller;
+  const grpc::Status status = Authenticate(context, &caller);
   if (!status.ok()) return Done(context, status);
   reply->set_server_id(options_.server_id);
   reply->set_device(server_.device());
   const auto traffic_now = traffic();
   for (const auto& [id, stats] : server_.Stats()) {
+    if (!caller.admin && id != caller.client) continue;  // tenants see only themselves
     auto* c = reply->add_clients();
     c->set_client_id(id);
     c->set_steps(stats.steps);

@@ -5,7 +5,8 @@
 // (chunk counts, chunk sizes and the bytes of one step are bounded), complete steps go to a compute
 // queue served by one worker thread (the model is shared), and replies are written back in chunks.
 // A malformed step ends that client's stream with the error's status (the client reconnects);
-// other clients are not affected. A stream that stalls in the middle of a step (no chunk received,
+// other clients are not affected. A client has one step stream at a time: a new one ends the older
+// (ABORTED), so the memory one client can hold is one partial step. A stream that stalls in the middle of a step (no chunk received,
 // or no reply chunk taken, for stall_timeout_seconds) is ended with DEADLINE_EXCEEDED and its
 // buffers are freed; the client's session (step counter, LoRA) stays for its rejoin.
 #pragma once
@@ -43,6 +44,8 @@ class WatchedStream {
   virtual ~WatchedStream() = default;
   // Ends the stream when it has been stuck mid-step for longer than `timeout`.
   virtual void CheckStall(std::chrono::steady_clock::time_point now, std::chrono::steady_clock::duration timeout) = 0;
+  // Ends the stream (ABORTED): a newer stream of the same client replaced it.
+  virtual void Supersede() = 0;
 };
 
 // Per-client traffic as the service sees it: serialized protobuf bytes of every message.
@@ -66,20 +69,27 @@ class SplitTrainingService final : public amaq::v1::SplitTraining::CallbackServi
 
   // Runs fn on the compute thread.
   void Post(std::function<void()> fn);
-  void Watch(WatchedStream* stream);
+  // Watches a client's stream; a stream of the same client watched before is superseded.
+  void Watch(WatchedStream* stream, const std::string& client);
   void Unwatch(WatchedStream* stream);
   size_t open_streams() const;
   std::map<std::string, Traffic> traffic() const;
   void CountTraffic(const std::string& client, uint64_t up, uint64_t down);
   void SetConnected(const std::string& client, bool connected);
 
-  // The client a call acts as, or an UNAUTHENTICATED status.
-  grpc::Status Authenticate(const grpc::CallbackServerContext* context, std::string* client);
+  struct Caller {
+    std::string client;
+    bool admin = false;  // an operator's token (or no tokens at all): Status lists every client
+  };
+  // Whom a call acts as, or an UNAUTHENTICATED status; PERMISSION_DENIED when a mutual-TLS client
+  // certificate is not issued to that client (its common name or a SAN must be the client id).
+  grpc::Status Authenticate(const grpc::CallbackServerContext* context, Caller* caller);
   // Whether `token` still belongs to `client` (tokens are re-read when their file changes).
   bool StillAuthorized(const std::string& token, const std::string& client);
   static std::string TokenOf(const grpc::CallbackServerContext* context);
 
   SplitServer& server() { return server_; }
+  const SplitServer& server() const { return server_; }
   const ServiceOptions& options() const { return options_; }
   const StepLimits& limits() const { return limits_; }
 
@@ -99,11 +109,18 @@ class SplitTrainingService final : public amaq::v1::SplitTraining::CallbackServi
   mutable std::recursive_mutex watch_mutex_;
   std::condition_variable_any watch_stop_;
   std::set<WatchedStream*> streams_;
+  std::map<std::string, WatchedStream*> stream_of_;  // the one open step stream of each client
   bool stopping_watch_ = false;
   std::thread watchdog_;
 };
 
-// amaq::Error codes map one to one onto gRPC status codes.
+// amaq::Error codes map one to one onto gRPC status codes (messages cut to 2 KiB); any other
+// exception is logged with an id and reaches the client as INTERNAL with that id only.
 grpc::Status ToStatus(const std::exception& e);
+
+// What every amaq gRPC server sets: the largest message (a step chunk, or an adapter upload, and
+// their fields), no message compression (nothing is inflated, before or after authentication),
+// and a TLS handshake that must finish within 10 s.
+void HardenServerBuilder(grpc::ServerBuilder& builder, const SplitTrainingService& service);
 
 }  // namespace amaq::server

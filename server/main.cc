@@ -5,6 +5,8 @@
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cctype>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -13,6 +15,7 @@
 #include "common/error.h"
 #include "common/lora_keys.h"
 #include "common/program.h"
+#include "common/tcp_relay.h"
 #include "common/threads.h"
 #include "common/tls.h"
 #include "server/grpc_service.h"
@@ -24,6 +27,11 @@
 using namespace amaq;
 
 namespace {
+
+// File descriptors kept free of connections (model files, checkpoints, gRPC's own), and those
+// one client connection holds: its socket and the relay's loopback pair.
+constexpr int64_t kReservedFiles = 128;
+constexpr int64_t kFilesPerConnection = 3;
 
 std::string RenderMetrics(server::SplitTrainingService& service) {
   std::ostringstream out;
@@ -53,6 +61,17 @@ std::string RenderMetrics(server::SplitTrainingService& service) {
   return out.str();
 }
 
+// The first line of `path`, which must hold a token of 16 or more characters.
+std::string ReadMetricsToken(const std::string& path) {
+  std::ifstream in(path);
+  std::string token;
+  Require(in && std::getline(in, token), ErrorCode::kNotFound, path + ": cannot read the metrics token file: create it with one line, the token");
+  while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back()))) token.pop_back();
+  Require(token.size() >= 16, ErrorCode::kInvalidArgument,
+          path + ": the metrics token has " + std::to_string(token.size()) + " characters: use 16 or more (e.g. openssl rand -hex 24)");
+  return token;
+}
+
 int Run(const Config& c) {
   spdlog::info("configuration:\n{}", c.Dump());
   SetComputeThreads(static_cast<int>(c.Int("threads")));
@@ -67,6 +86,7 @@ int Run(const Config& c) {
   o.checkpoint_dir = c.String("checkpoint_dir");
   o.checkpoint_every = c.Int("checkpoint_every");
   o.max_batch_tokens = c.Int("max_batch_tokens");
+  o.max_sequence_tokens = c.Int("max_sequence_tokens");
   o.max_steps_per_second = c.Double("max_steps_per_second");
   o.aqsgd_cache_bytes = static_cast<uint64_t>(c.Int("aqsgd_cache_mb")) << 20;
   o.aqsgd_spill_dir = c.String("aqsgd_spill_dir");
@@ -80,22 +100,39 @@ int Run(const Config& c) {
   service_options.stall_timeout_seconds = c.Double("stall_timeout_seconds");
   server::SplitTrainingService service(split, tokens, service_options);
 
+  // gRPC listens on loopback behind a front door (a TcpRelay on `listen`) that bounds the
+  // connections open at once and keeps accepting when file descriptors run out: gRPC 1.51's own
+  // listener stops for good after one failed accept (docs/reliability.md).
+  const uint64_t open_files = RaiseOpenFilesLimit();
+  const int64_t connection_room = (static_cast<int64_t>(open_files) - kReservedFiles) / kFilesPerConnection;
+  Require(connection_room >= 8, ErrorCode::kFailedPrecondition,
+          "the open-files limit is " + std::to_string(open_files) + ", room for " + std::to_string(connection_room) +
+              " connections: raise it (ulimit -n 4096, or LimitNOFILE= in the service unit)");
+  LinkOptions front;
+  front.max_connections = static_cast<int>(std::min<int64_t>(c.Int("max_connections"), connection_room));
   grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort(c.String("listen"),
+  int inner_port = 0;
+  builder.AddListeningPort("127.0.0.1:0",
                            MakeServerCredentials(TlsFiles{c.String("tls_cert"), c.String("tls_key"), c.String("tls_client_ca")},
                                                  c.Bool("insecure")),
-                           &port);
-  builder.SetMaxReceiveMessageSize(service_options.max_chunk_bytes + (1 << 20));
+                           &inner_port);
+  server::HardenServerBuilder(builder, service);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> grpc_server = builder.BuildAndStart();
-  Require(grpc_server != nullptr && port > 0, ErrorCode::kUnavailable,
-          "cannot listen on " + c.String("listen") + ": is the port in use, or the address wrong?");
+  Require(grpc_server != nullptr && inner_port > 0, ErrorCode::kUnavailable,
+          "gRPC cannot listen on a loopback port: is the loopback interface up?");
+  TcpRelay front_door("127.0.0.1", static_cast<uint16_t>(inner_port), front, c.String("listen"));
+  const int port = front_door.port();
+  spdlog::info("at most {} client connections at once (max_connections {}, open-files limit {})", front.max_connections,
+               c.Int("max_connections"), open_files);
   if (!c.String("port_file").empty()) std::ofstream(c.String("port_file")) << port << "\n";
   std::unique_ptr<server::MetricsHttp> metrics;
   if (!c.String("metrics_listen").empty()) {
-    metrics = std::make_unique<server::MetricsHttp>(c.String("metrics_listen"), [&service] { return RenderMetrics(service); });
-    spdlog::info("metrics on http://{}/metrics", c.String("metrics_listen"));
+    server::MetricsOptions m;
+    m.listen = c.String("metrics_listen");
+    if (!c.String("metrics_token_file").empty()) m.token = ReadMetricsToken(c.String("metrics_token_file"));
+    metrics = std::make_unique<server::MetricsHttp>(m, [&service] { return RenderMetrics(service); });
+    spdlog::info("metrics on http://{}/metrics (port {}){}", m.listen, metrics->port(), m.token.empty() ? "" : ", bearer token required");
   }
   spdlog::info("amaq-server listening on port {} ({})", port, c.Bool("insecure") ? "plain text" : "TLS");
 

@@ -1,9 +1,12 @@
 #include "server/metrics_http.h"
 
+#include <spdlog/spdlog.h>
+
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include <chrono>
 #include <thread>
 
 #include "common/error.h"
@@ -12,49 +15,89 @@
 namespace amaq::server {
 
 namespace asio = boost::asio;
-namespace http = boost::beast::http;
+namespace beast = boost::beast;
+namespace http = beast::http;
 using asio::ip::tcp;
 
 struct MetricsHttp::Impl {
+  MetricsOptions options;
+  std::function<std::string()> render;
+  int open = 0;  // connections being served; outlives `io`, whose handlers own the sessions
   asio::io_context io;
   tcp::acceptor acceptor{io};
-  std::function<std::string()> render;
+  asio::steady_timer accept_retry{io};
   std::thread thread;
 
-  void Serve(tcp::socket socket) {
-    boost::beast::flat_buffer buffer;
-    http::request<http::string_body> request;
-    boost::system::error_code ec;
-    http::read(socket, buffer, request, ec);
-    if (ec) return;
-    http::response<http::string_body> response;
-    response.version(request.version());
-    response.keep_alive(false);
-    if (request.method() == http::verb::get && request.target() == "/metrics") {
-      response.result(http::status::ok);
-      response.set(http::field::content_type, "text/plain; version=0.0.4");
-      response.body() = render();
-    } else {
-      response.result(http::status::not_found);
-      response.body() = "amaq-server serves GET /metrics\n";
-    }
-    response.prepare_payload();
-    http::write(socket, response, ec);
+  std::chrono::steady_clock::duration timeout() const {
+    return std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(options.timeout_seconds));
   }
 
-  void Loop() {
-    while (true) {
-      tcp::socket socket(io);
-      boost::system::error_code ec;
-      acceptor.accept(socket, ec);
-      if (ec) return;  // closed
-      Serve(std::move(socket));
+  // One connection: read one bounded request, answer it, close. Lives in its handlers.
+  class Session : public std::enable_shared_from_this<Session> {
+   public:
+    Session(tcp::socket socket, Impl& impl) : stream_(std::move(socket)), impl_(impl) { ++impl_.open; }
+    ~Session() { --impl_.open; }
+
+    void Start() {
+      parser_.header_limit(8192);
+      stream_.expires_after(impl_.timeout());  // covers the request and the answer: a slow peer is dropped
+      http::async_read(stream_, buffer_, parser_,
+                       [self = shared_from_this()](beast::error_code ec, size_t) { self->Answer(ec); });
     }
+
+   private:
+    void Answer(beast::error_code ec) {
+      if (ec) return;  // timed out, closed or malformed: drop the connection
+      const auto& request = parser_.get();
+      response_.version(request.version());
+      response_.keep_alive(false);
+      if (!impl_.options.token.empty() && request[http::field::authorization] != "Bearer " + impl_.options.token) {
+        response_.result(http::status::unauthorized);
+        response_.set(http::field::www_authenticate, "Bearer");
+        response_.body() = "amaq-server: /metrics needs \"Authorization: Bearer <metrics token>\"\n";
+      } else if (request.method() == http::verb::get && request.target() == "/metrics") {
+        response_.result(http::status::ok);
+        response_.set(http::field::content_type, "text/plain; version=0.0.4");
+        response_.body() = impl_.render();
+      } else {
+        response_.result(http::status::not_found);
+        response_.body() = "amaq-server serves GET /metrics\n";
+      }
+      response_.prepare_payload();
+      http::async_write(stream_, response_, [self = shared_from_this()](beast::error_code, size_t) {
+        beast::error_code ignored;
+        self->stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+      });
+    }
+
+    beast::tcp_stream stream_;
+    Impl& impl_;
+    beast::flat_buffer buffer_{8192};
+    http::request_parser<http::empty_body> parser_;
+    http::response<http::string_body> response_;
+  };
+
+  void Accept() {
+    acceptor.async_accept([this](beast::error_code ec, tcp::socket socket) {
+      if (ec == asio::error::operation_aborted || !acceptor.is_open()) return;  // closing
+      if (ec) {  // out of file descriptors, or a transient error: pause, and keep listening
+        spdlog::warn("metrics: accept failed ({}): retrying in 100 ms", ec.message());
+        accept_retry.expires_after(std::chrono::milliseconds(100));
+        accept_retry.async_wait([this](beast::error_code wait) {
+          if (!wait) Accept();
+        });
+        return;
+      }
+      if (open < options.max_connections) std::make_shared<Session>(std::move(socket), *this)->Start();
+      Accept();  // a socket over the limit is closed as it goes out of scope
+    });
   }
 };
 
-MetricsHttp::MetricsHttp(const std::string& listen, std::function<std::string()> render) : impl_(std::make_unique<Impl>()) {
+MetricsHttp::MetricsHttp(MetricsOptions options, std::function<std::string()> render) : impl_(std::make_unique<Impl>()) {
+  const std::string listen = options.listen.find(':') == std::string::npos ? "127.0.0.1:" + options.listen : options.listen;
   const auto [host, port] = SplitHostPort(listen, "metrics_listen");
+  impl_->options = std::move(options);
   impl_->render = std::move(render);
   boost::system::error_code ec;
   const tcp::endpoint endpoint(asio::ip::make_address(host == "localhost" ? "127.0.0.1" : host, ec), port);
@@ -62,16 +105,20 @@ MetricsHttp::MetricsHttp(const std::string& listen, std::function<std::string()>
   impl_->acceptor.open(endpoint.protocol(), ec);
   if (!ec) impl_->acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
   if (!ec) impl_->acceptor.bind(endpoint, ec);
-  if (!ec) impl_->acceptor.listen(16, ec);
+  if (!ec) impl_->acceptor.listen(64, ec);
   Require(!ec, ErrorCode::kUnavailable, "cannot serve metrics on " + listen + ": " + ec.message());
-  impl_->thread = std::thread([this] { impl_->Loop(); });
+  if (!endpoint.address().is_loopback() && impl_->options.token.empty()) {
+    spdlog::warn("metrics on {} without a metrics token: anyone who reaches it sees client ids and progress; "
+                 "set metrics_token_file or bind to 127.0.0.1",
+                 listen);
+  }
+  impl_->Accept();
+  impl_->thread = std::thread([this] { impl_->io.run(); });
 }
 
 MetricsHttp::~MetricsHttp() {
-  ::shutdown(impl_->acceptor.native_handle(), SHUT_RDWR);  // wakes the blocked accept()
+  impl_->io.stop();
   impl_->thread.join();
-  boost::system::error_code ignored;
-  impl_->acceptor.close(ignored);
 }
 
 uint16_t MetricsHttp::port() const { return impl_->acceptor.local_endpoint().port(); }

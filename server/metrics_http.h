@@ -1,18 +1,33 @@
 // MetricsHttp: the Prometheus text endpoint (GET /metrics) of amaq-server, served by Boost.Beast
 // on its own thread: per client bytes up and down (protobuf bytes as the service counted them),
 // applied steps, last loss, average bits of the last activation, last step latency, connected.
+//
+// It is built for an untrusted network: connections are served concurrently (asynchronously, on
+// the one thread), each must send its request and take the answer within `timeout_seconds`, at most
+// `max_connections` are open at once (more are closed at once), requests are bounded in size, and
+// when `token` is not empty only "Authorization: Bearer <token>" is answered (401 otherwise). The
+// page lists client ids and training progress: bind it to loopback, or set a token.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 
 namespace amaq::server {
 
+struct MetricsOptions {
+  std::string listen;              // "address:port", or a bare port for 127.0.0.1:port
+  std::string token;               // empty: no authentication
+  double timeout_seconds = 5;      // to receive the request and send the answer
+  int max_connections = 32;
+};
+
 class MetricsHttp {
  public:
-  // `render` produces the page; throws amaq::Error (kUnavailable) when it cannot listen.
-  MetricsHttp(const std::string& listen, std::function<std::string()> render);
+  // `render` produces the page; throws amaq::Error (kUnavailable) when it cannot listen,
+  // (kInvalidArgument) for a malformed address. The destructor closes every connection.
+  MetricsHttp(MetricsOptions options, std::function<std::string()> render);
   ~MetricsHttp();
   uint16_t port() const;
 

@@ -2,9 +2,12 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <functional>
+#include <numeric>
 #include <sstream>
 
 #include "common/atomic_file.h"
@@ -74,6 +77,14 @@ SplitServer::SplitServer(ServerOptions options) : options_(std::move(options)) {
   part_->AddLora(options_.lora, options_.seed);
   part_->to(device_);
   lora_params_ = part_->TrainableParameters();
+  // The client's layers [0, cut) carry the same LoRA tensors as the server's first layer.
+  const std::string first = "model.layers." + std::to_string(options_.cut_layer) + ".";
+  for (const auto& [name, tensor] : part_->LoraParameters()) {
+    if (name.rfind(first, 0) != 0) continue;
+    for (int64_t layer = 0; layer < options_.cut_layer; ++layer) {
+      client_lora_shapes_["model.layers." + std::to_string(layer) + "." + name.substr(first.size())] = tensor.sizes().vec();
+    }
+  }
   for (const auto& p : lora_params_) initial_lora_.push_back(p.detach().clone());
   if (options_.shared_lora) shared_ = NewLoraState();
   if (!options_.checkpoint_dir.empty()) {
@@ -86,6 +97,16 @@ SplitServer::SplitServer(ServerOptions options) : options_(std::move(options)) {
 }
 
 SplitServer::~SplitServer() = default;
+
+StepShapeLimits SplitServer::step_limits() const {
+  StepShapeLimits limits;
+  limits.max_batch_tokens = options_.max_batch_tokens;
+  limits.max_sequence_tokens = options_.max_sequence_tokens > 0
+                                   ? std::min(options_.max_sequence_tokens, config_.max_position_embeddings)
+                                   : config_.max_position_embeddings;
+  limits.vocab_size = config_.vocab_size;
+  return limits;
+}
 
 std::unique_ptr<SplitServer::LoraState> SplitServer::NewLoraState() {
   auto lora = std::make_unique<LoraState>();
@@ -107,8 +128,10 @@ int64_t SplitServer::Join(const std::string& client_id, const std::string& finge
           "client splits at layer " + std::to_string(cut_layer) + " but this server runs from layer " +
               std::to_string(options_.cut_layer) + ": set the same cut_layer on both sides");
   Require(fingerprint == fingerprint_, ErrorCode::kFailedPrecondition,
-          "the client's model (fingerprint " + fingerprint + ") differs from the server's (" + fingerprint_ +
+          "the client's model (fingerprint " + Excerpt(fingerprint) + ") differs from the server's (" + fingerprint_ +
               "): give both sides the same base model directory");
+  Require(method.size() <= 256, ErrorCode::kInvalidArgument,
+          "method name of " + std::to_string(method.size()) + " characters: use a method of docs/amaq.md");
   const quant::Method parsed = quant::Method::Parse(method);
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = sessions_.find(client_id);
@@ -153,7 +176,8 @@ torch::Tensor SplitServer::Decode(Session& s, const StepInput& in) {
     Require(static_cast<int64_t>(in.sample_ids.size()) == in.batch, ErrorCode::kInvalidArgument,
             "AQ-SGD steps need one sample id per sequence");
     quant::AqsgdDecoded d = s.aqsgd->Decode(in.activation.data(), in.activation.size(),
-                                            /*expected_rows_per_sample=*/in.tokens, /*expected_cols=*/config_.hidden_size);
+                                            /*expected_rows_per_sample=*/in.tokens, /*expected_cols=*/config_.hidden_size,
+                                            /*expected_samples=*/in.batch);
     Require(d.ids == in.sample_ids, ErrorCode::kInvalidArgument,
             "the AQ-SGD frame's sample ids differ from the step's");
     values = std::move(d.values);
@@ -162,10 +186,7 @@ torch::Tensor SplitServer::Decode(Session& s, const StepInput& in) {
     quant::Decoder stateless;  // evaluation messages carry their own bits tables
     quant::Decoder& decoder = in.kind == StepKind::kTrain ? s.decoder : stateless;
     quant::Decoded d;
-    decoder.Decode(in.activation.data(), in.activation.size(), &d);
-    Require(d.rows == rows && d.cols == config_.hidden_size, ErrorCode::kInvalidArgument,
-            "activation is [" + std::to_string(d.rows) + ", " + std::to_string(d.cols) + "] but the step says [" +
-                std::to_string(rows) + ", " + std::to_string(config_.hidden_size) + "] (batch x tokens, hidden)");
+    decoder.Decode(in.activation.data(), in.activation.size(), &d, quant::ExpectedShape{rows, config_.hidden_size});
     average_bits = d.bits.bits.empty() ? (d.scheme == quant::Scheme::kFloat32 ? 32 : 16) : d.bits.AverageBits(d.rows, d.cols);
     values = std::move(d.values);
     s.stats.activation_bytes += d.count.total();
@@ -184,7 +205,7 @@ StepResult SplitServer::Step(const std::string& client_id, const StepInput& in) 
   std::lock_guard<std::mutex> lock(mutex_);
   const auto started = std::chrono::steady_clock::now();
   Session& s = SessionOf(client_id);
-  CheckStepFields(in, options_.max_batch_tokens, config_.vocab_size);
+  CheckStepFields(in, step_limits());
   const int64_t n = in.batch * in.tokens;
   if (options_.max_steps_per_second > 0 && in.kind == StepKind::kTrain) {
     const double since = std::chrono::duration<double>(started - s.last_step_at).count();
@@ -280,7 +301,42 @@ StepResult SplitServer::Step(const std::string& client_id, const StepInput& in) 
   return result;
 }
 
+uint64_t SplitServer::adapter_bytes() const {
+  uint64_t elements = 0;
+  for (const auto& [name, shape] : client_lora_shapes_) {
+    elements += static_cast<uint64_t>(std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<int64_t>()));
+  }
+  return elements * 4;
+}
+
+void SplitServer::CheckAdapter(const NamedFloats& tensors) const {
+  Require(!client_lora_shapes_.empty(), ErrorCode::kFailedPrecondition,
+          "adapter averaging needs client and server layers on both sides of the cut (cut_layer " +
+              std::to_string(options_.cut_layer) + " of " + std::to_string(config_.num_hidden_layers) +
+              "): turn sync_every off on the clients");
+  Require(tensors.size() == client_lora_shapes_.size(), ErrorCode::kInvalidArgument,
+          "the adapter has " + std::to_string(tensors.size()) + " tensors, the client layers' LoRA has " +
+              std::to_string(client_lora_shapes_.size()) + ": use the server's LoRA settings (rank, targets) on the client");
+  for (const auto& [name, tensor] : tensors) {
+    const auto expected = client_lora_shapes_.find(name);
+    Require(expected != client_lora_shapes_.end(), ErrorCode::kInvalidArgument,
+            "the adapter's tensor '" + Excerpt(name) + "' is not a LoRA tensor of the client's layers: use the server's LoRA settings");
+    int64_t elements = 1;
+    for (const int64_t d : tensor.shape) elements *= d;
+    Require(tensor.shape == expected->second && static_cast<int64_t>(tensor.values.size()) == elements,
+            ErrorCode::kInvalidArgument,
+            "the adapter's tensor " + name + " has another shape or value count than the LoRA settings give: use the "
+            "server's LoRA settings");
+    for (const float v : tensor.values) {
+      Require(std::isfinite(v) && std::fabs(v) <= kMaxAdapterValue, ErrorCode::kInvalidArgument,
+              "the adapter's tensor " + name + " holds " + std::to_string(v) + ": LoRA values must be finite and within +-" +
+                  std::to_string(kMaxAdapterValue) + "; the client's training diverged: lower its learning rate");
+    }
+  }
+}
+
 NamedFloats SplitServer::AverageAdapters(const std::string& client_id, const NamedFloats& tensors, int* clients) {
+  CheckAdapter(tensors);
   std::lock_guard<std::mutex> lock(mutex_);
   SessionOf(client_id);
   adapters_[client_id] = tensors;

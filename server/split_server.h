@@ -42,6 +42,7 @@ struct ServerOptions {
   std::string checkpoint_dir;    // empty: no checkpoints
   int64_t checkpoint_every = 100;  // applied training steps (all clients) between checkpoints
   int64_t max_batch_tokens = 65536;
+  int64_t max_sequence_tokens = 0;  // tokens per row; 0: the model's max_position_embeddings (never more)
   double max_steps_per_second = 0;  // per client; 0: no limit (RESOURCE_EXHAUSTED above it)
   uint64_t aqsgd_cache_bytes = uint64_t{1} << 30;
   std::string aqsgd_spill_dir;
@@ -67,7 +68,8 @@ class SplitServer {
   const std::string& fingerprint() const { return fingerprint_; }
   const std::string& device() const { return device_name_; }
   const ModelConfig& config() const { return config_; }
-  int64_t max_batch_tokens() const { return options_.max_batch_tokens; }
+  // The step shapes this server accepts (max_sequence_tokens capped at the model's positions).
+  StepShapeLimits step_limits() const;
 
   // Registers (or resumes) a client; returns its last applied step (-1: none). Throws amaq::Error
   // (kFailedPrecondition) when the fingerprint or the cut differ, (kInvalidArgument) for a bad
@@ -78,6 +80,12 @@ class SplitServer {
   // Collaborative mode (SplitFed-style): stores `tensors` as this client's latest client-side
   // adapter and returns, for each of its tensors, the element-wise mean over every client's latest
   // adapter that has a tensor of that name and size. `clients` receives how many clients that is.
+  // An adapter that is not exactly the LoRA of the client's layers (names, shapes), or holds a
+  // value that is not finite or beyond +-kMaxAdapterValue, is refused (kInvalidArgument) before
+  // anything is stored.
+  static constexpr float kMaxAdapterValue = 1e4f;
+  // The bytes of the largest valid adapter upload's values (the client layers' LoRA in fp32).
+  uint64_t adapter_bytes() const;
   NamedFloats AverageAdapters(const std::string& client_id, const NamedFloats& tensors, int* clients);
   // Writes every session's server-side state atomically (no-op without a checkpoint_dir).
   void Checkpoint();
@@ -93,6 +101,7 @@ class SplitServer {
   void Activate(LoraState& lora);
   std::unique_ptr<LoraState> NewLoraState();
   void LoadCheckpoint();
+  void CheckAdapter(const NamedFloats& tensors) const;
   void CheckpointLocked();
 
   ServerOptions options_;
@@ -106,6 +115,7 @@ class SplitServer {
   std::unique_ptr<LoraState> shared_;
   std::map<std::string, std::unique_ptr<Session>> sessions_;
   std::map<std::string, NamedFloats> adapters_;  // collaborative mode: each client's latest upload
+  std::map<std::string, std::vector<int64_t>> client_lora_shapes_;  // what an upload must hold
   int64_t applied_since_checkpoint_ = 0;
   std::atomic<int64_t> checkpoint_failures_{0};
   mutable std::mutex mutex_;  // one step at a time; guards sessions_

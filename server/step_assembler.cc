@@ -37,7 +37,7 @@ bool StepAssembler::Add(const amaq::v1::StepRequest& chunk) {
     input_.activation.insert(input_.activation.end(), chunk.payload().begin(), chunk.payload().end());
     if (++expected_chunk_ < chunk_count_) return false;
     expected_chunk_ = 0;
-    CheckStepFields(input_, limits_.max_batch_tokens, limits_.vocab_size);
+    CheckStepFields(input_, limits_.shape);
     return true;
   } catch (const Error&) {
     expected_chunk_ = 0;

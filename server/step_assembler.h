@@ -18,8 +18,7 @@ struct StepLimits {
   int max_chunk_bytes = 1 << 20;
   int max_chunks = 4096;
   uint64_t max_step_bytes = uint64_t{256} << 20;
-  int64_t max_batch_tokens = 65536;
-  int64_t vocab_size = 0;
+  StepShapeLimits shape;
 };
 
 class StepAssembler {

@@ -23,35 +23,8 @@ using testing::kToken2;
 using testing::Network;
 using amaq::v1::StepReply;
 using amaq::v1::StepRequest;
-
-// The first chunk of a step of batch 1 x 2 tokens (fields valid), whose payload is `payload`.
-StepRequest FirstChunk(const std::string& payload, int chunk_count) {
-  StepRequest r;
-  r.set_batch(1);
-  r.set_tokens(2);
-  r.add_attention_mask(1);
-  r.add_attention_mask(1);
-  r.add_labels(-100);
-  r.add_labels(3);
-  r.set_chunk_count(chunk_count);
-  r.set_payload(payload);
-  return r;
-}
-
-// Sends `requests` on a fresh step stream as client-2 and returns how the server ended it.
-grpc::Status SendSteps(amaq::v1::SplitTraining::Stub& stub, const std::vector<StepRequest>& requests) {
-  grpc::ClientContext context;
-  Network::Authorize(&context, kToken2);
-  auto stream = stub.Steps(&context);
-  for (const auto& r : requests) {
-    if (!stream->Write(r)) break;
-  }
-  stream->WritesDone();
-  StepReply reply;
-  while (stream->Read(&reply)) {
-  }
-  return stream->Finish();
-}
+using testing::FirstChunk;
+using testing::SendSteps;
 
 TEST_F(Network, RevokedTokenIsRefusedOnTheNextStepAndCall) {
   StartServer();

@@ -54,7 +54,9 @@ TEST(AllocateBits, ALargerLogitNeverGetsFewerBits) {
   const BitAllocation a = AllocateBits(z, 3, 8, 4.6);
   for (size_t i = 0; i < z.size(); ++i) {
     for (size_t j = 0; j < z.size(); ++j) {
-      if (z[i] > z[j]) ASSERT_GE(a.bits[i], a.bits[j]) << i << " vs " << j;
+      if (z[i] > z[j]) {
+        ASSERT_GE(a.bits[i], a.bits[j]) << i << " vs " << j;
+      }
     }
   }
 }

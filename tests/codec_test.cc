@@ -11,6 +11,7 @@
 #include "quant/checksum.h"
 #include "quant/grid.h"
 #include "test_tensors.h"
+#include "zstd_bomb.h"
 
 namespace amaq::quant {
 namespace {
@@ -349,6 +350,25 @@ TEST_F(MalformedTest, DecompressionBombIsRefused) {
   b.resize(b.size() + 8);
   Reseal(&b);
   EXPECT_EQ(DecodeError(b), ErrorCode::kDataLoss);
+}
+
+// A message whose header declares a shape far above the step's (1 GiB of fp32 zeros from 32 KiB
+// of RLE blocks) is refused from its header: nothing is decompressed or allocated.
+TEST(Codec, MessageOfAnotherShapeThanExpectedIsRefusedBeforeDecompressing) {
+  const std::vector<uint8_t> small = testing::ZstdBombMessage(4, 8);
+  EXPECT_EQ(Decoder().Decode(small.data(), small.size()).values, std::vector<float>(32, 0.0f)) << "the bomb is a valid message";
+  const std::vector<uint8_t> bomb = testing::ZstdBombMessage(uint64_t{1} << 20, 256);
+  EXPECT_LT(bomb.size(), 40000u);
+  Decoded d;
+  try {
+    Decoder().Decode(bomb.data(), bomb.size(), &d, ExpectedShape{2, 256});
+    ADD_FAILURE() << "a message of 2^20 rows where the step has 2 must be refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+    EXPECT_NE(std::string(e.what()).find("[1048576, 256]"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(d.values.capacity(), 0u) << "nothing was allocated for the values";
+  EXPECT_NO_THROW(Decoder().Decode(small.data(), small.size(), &d, ExpectedShape{4, 8}));
 }
 
 }  // namespace

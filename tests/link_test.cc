@@ -263,5 +263,40 @@ TEST(Link, RefusesImpossibleSettings) {
   EXPECT_THROW(TcpRelay("127.0.0.1", 1, LinkOptions{}, "not-an-ip:0"), Error);
 }
 
+// The front door of amaq-server: past max_connections a connection is closed as soon as it is
+// accepted; once the others are gone, new ones are carried again.
+TEST(Link, ConnectionsAboveTheLimitAreClosedAtOnce) {
+  Upstream upstream([](tcp::socket& s) {
+    std::vector<char> buffer(4096);
+    boost::system::error_code read, written;
+    while (!read && !written) {
+      const size_t n = s.read_some(asio::buffer(buffer), read);
+      asio::write(s, asio::buffer(buffer.data(), n), written);
+    }
+  });
+  LinkOptions link;
+  link.max_connections = 1;
+  TcpRelay relay("127.0.0.1", upstream.port(), link);
+  asio::io_context io;
+  tcp::socket first = Connect(io, relay);
+  asio::write(first, asio::buffer("x", 1));
+  EXPECT_EQ(ReadUpTo(first, 1), 1u) << "the connection within the limit is carried";
+  tcp::socket second = Connect(io, relay);
+  char byte = 0;
+  boost::system::error_code ec;
+  second.read_some(asio::buffer(&byte, 1), ec);
+  EXPECT_TRUE(ec == asio::error::eof || ec == asio::error::connection_reset) << ec.message();
+  EXPECT_EQ(relay.refused(), 1u);
+  first.close();  // the upstream echo ends too, and the relay lets the connection go
+  ASSERT_TRUE([&] {
+    for (int i = 0; i < 250 && relay.open_connections() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    return relay.open_connections() == 0;
+  }());
+  tcp::socket third = Connect(io, relay);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(relay.refused(), 1u) << "the free slot takes the next connection";
+  EXPECT_EQ(relay.open_connections(), 1u);
+}
+
 }  // namespace
 }  // namespace amaq

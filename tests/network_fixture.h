@@ -1,11 +1,13 @@
 // The fixture of the tests over real gRPC with TLS on loopback: a tiny model, certificates from
-// scripts/make-certs, a tokens file for client-1 and client-2, a server started on demand, and a
-// raw stub for tests that speak the protocol by hand (abuse tests).
+// scripts/make-certs (the server's, and client certificates for client-1 and client-2), a tokens
+// file for client-1, client-2 and an operator (admin), a server started on demand (with mutual TLS
+// when asked), and a raw stub for tests that speak the protocol by hand (abuse tests).
 #pragma once
 
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -22,6 +24,7 @@ namespace amaq::testing {
 
 inline const char kToken1[] = "token-of-client-one-0123456789";
 inline const char kToken2[] = "token-of-client-two-0123456789";
+inline const char kAdminToken[] = "token-of-the-operator-0123456789";
 
 // Everything a test needs: a tiny model, certificates, tokens, and a running server.
 class Network : public ::testing::Test {
@@ -34,10 +37,10 @@ class Network : public ::testing::Test {
   static void SetUpTestSuite() {
     model_ = new std::string(testing::TinyModelDir("network"));
     certs_ = new std::string(testing::TempDir("certs"));
-    const std::string command = std::string(AMAQ_SOURCE_DIR) + "/scripts/make-certs " + *certs_ + " client-1";
+    const std::string command = std::string(AMAQ_SOURCE_DIR) + "/scripts/make-certs " + *certs_ + " client-1 client-2";
     ASSERT_EQ(std::system(command.c_str()), 0) << command;
     tokens_ = new std::string(*certs_ + "/tokens");
-    std::ofstream(*tokens_) << "client-1 " << kToken1 << "\nclient-2 " << kToken2 << "\n";
+    std::ofstream(*tokens_) << "client-1 " << kToken1 << "\nclient-2 " << kToken2 << "\noperator " << kAdminToken << " admin\n";
   }
 
   void StartServer(const std::string& checkpoint_dir = "", int port = 0) {
@@ -53,7 +56,11 @@ class Network : public ::testing::Test {
     service_ = std::make_unique<server::SplitTrainingService>(*split_, *tokens_store_, s);
     grpc::ServerBuilder builder;
     builder.AddListeningPort("127.0.0.1:" + std::to_string(port),
-                             MakeServerCredentials(TlsFiles{*certs_ + "/server.pem", *certs_ + "/server.key", ""}, false), &port_);
+                             MakeServerCredentials(TlsFiles{*certs_ + "/server.pem", *certs_ + "/server.key",
+                                                            mutual_tls_ ? *certs_ + "/ca.pem" : ""},
+                                                   false),
+                             &port_);
+    server::HardenServerBuilder(builder, *service_);
     builder.RegisterService(service_.get());
     grpc_ = builder.BuildAndStart();
     ASSERT_TRUE(grpc_);
@@ -85,11 +92,15 @@ class Network : public ::testing::Test {
   }
 
   // A raw client of the protocol, for tests that send what a well-behaved client never would.
-  std::unique_ptr<amaq::v1::SplitTraining::Stub> RawStub() const {
+  // With `certificate` ("client-1", ...) it presents that client certificate (mutual TLS).
+  std::unique_ptr<amaq::v1::SplitTraining::Stub> RawStub(const std::string& certificate = "") const {
     grpc::ChannelArguments args;
     args.SetSslTargetNameOverride("localhost");
-    return amaq::v1::SplitTraining::NewStub(grpc::CreateCustomChannel(
-        "127.0.0.1:" + std::to_string(port_), MakeChannelCredentials(TlsFiles{"", "", *certs_ + "/ca.pem"}, false), args));
+    const TlsFiles files = certificate.empty() ? TlsFiles{"", "", *certs_ + "/ca.pem"}
+                                               : TlsFiles{*certs_ + "/" + certificate + ".pem",
+                                                          *certs_ + "/" + certificate + ".key", *certs_ + "/ca.pem"};
+    return amaq::v1::SplitTraining::NewStub(
+        grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(port_), MakeChannelCredentials(files, false), args));
   }
   grpc::Status RawJoin(amaq::v1::SplitTraining::Stub& stub, const std::string& token, const std::string& client_id,
                        const std::string& method) const {
@@ -106,6 +117,7 @@ class Network : public ::testing::Test {
 
   double stall_timeout_seconds_ = 30;
   bool use_tokens_ = true;  // false: every client is accepted as the id it claims
+  bool mutual_tls_ = false; // true: clients must present a certificate of the test CA
   int64_t max_batch_tokens_ = 65536;
   static std::string* model_;
   static std::string* certs_;
@@ -116,6 +128,53 @@ class Network : public ::testing::Test {
   std::unique_ptr<grpc::Server> grpc_;
   int port_ = 0;
 };
+
+// The first chunk of a step of batch 1 x 2 tokens (fields valid), whose payload is `payload`.
+inline amaq::v1::StepRequest FirstChunk(const std::string& payload, int chunk_count) {
+  amaq::v1::StepRequest r;
+  r.set_batch(1);
+  r.set_tokens(2);
+  r.add_attention_mask(1);
+  r.add_attention_mask(1);
+  r.add_labels(-100);
+  r.add_labels(3);
+  r.set_chunk_count(chunk_count);
+  r.set_payload(payload);
+  return r;
+}
+
+// The chunks of `first` (its fields) carrying `payload` in pieces of at most `chunk_bytes`.
+inline std::vector<amaq::v1::StepRequest> Chunked(amaq::v1::StepRequest first, const std::string& payload,
+                                                  size_t chunk_bytes) {
+  const int count = static_cast<int>(std::max<size_t>(1, (payload.size() + chunk_bytes - 1) / chunk_bytes));
+  std::vector<amaq::v1::StepRequest> chunks;
+  for (int i = 0; i < count; ++i) {
+    amaq::v1::StepRequest r = i == 0 ? first : amaq::v1::StepRequest();
+    r.set_step_id(first.step_id());
+    r.set_kind(first.kind());
+    r.set_chunk_index(i);
+    r.set_chunk_count(count);
+    r.set_payload(payload.substr(static_cast<size_t>(i) * chunk_bytes, chunk_bytes));
+    chunks.push_back(std::move(r));
+  }
+  return chunks;
+}
+
+// Sends `requests` on a fresh step stream as the owner of `token` and returns how the server ended it.
+inline grpc::Status SendSteps(amaq::v1::SplitTraining::Stub& stub, const std::vector<amaq::v1::StepRequest>& requests,
+                              const std::string& token = kToken2) {
+  grpc::ClientContext context;
+  Network::Authorize(&context, token);
+  auto stream = stub.Steps(&context);
+  for (const auto& r : requests) {
+    if (!stream->Write(r)) break;
+  }
+  stream->WritesDone();
+  amaq::v1::StepReply reply;
+  while (stream->Read(&reply)) {
+  }
+  return stream->Finish();
+}
 
 inline std::string* Network::model_ = nullptr;
 inline std::string* Network::certs_ = nullptr;

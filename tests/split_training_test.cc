@@ -2,6 +2,7 @@
 // through LocalTransport. The network is tested in tests/network_test.cc.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -150,15 +151,22 @@ TEST(SplitTraining, CollaborativeModeAveragesClientAdapters) {
   const std::string dir = testing::TinyModelDir("collab");
   server::SplitServer server(ServerFor(dir));
   const std::string fp = ModelFingerprint(dir, 2);
-  server.Join("a", fp, 2, "bf16");
+  client::LocalTransport transport(server);
+  client::SplitClient a(testing::TinyClientOptions(dir, "a", "bf16", 4), testing::ParityDataset(16), transport);
+  a.Join();
   server.Join("b", fp, 2, "bf16");
+  NamedFloats ones = a.Adapter(), threes = ones;  // the LoRA of the client's layers 0 and 1
+  for (auto& [name, t] : ones) std::fill(t.values.begin(), t.values.end(), 1.0f);
+  for (auto& [name, t] : threes) std::fill(t.values.begin(), t.values.end(), 3.0f);
   int clients = 0;
-  server.AverageAdapters("a", {{"w", {{2}, {1.0f, 2.0f}}}}, &clients);
+  server.AverageAdapters("a", ones, &clients);
   EXPECT_EQ(clients, 1);
-  const NamedFloats mean = server.AverageAdapters("b", {{"w", {{2}, {3.0f, 6.0f}}}}, &clients);
+  const NamedFloats mean = server.AverageAdapters("b", threes, &clients);
   EXPECT_EQ(clients, 2);
-  EXPECT_EQ(mean.at("w").values, (std::vector<float>{2.0f, 4.0f}));
-  EXPECT_THROW(server.AverageAdapters("stranger", {}, &clients), Error);
+  ASSERT_EQ(mean.size(), ones.size());
+  for (const auto& [name, t] : mean) EXPECT_EQ(t.values, std::vector<float>(t.values.size(), 2.0f)) << name;
+  EXPECT_THROW(server.AverageAdapters("stranger", ones, &clients), Error);
+  EXPECT_THROW(server.AverageAdapters("a", {{"w", {{2}, {1.0f, 2.0f}}}}, &clients), Error) << "not the client layers' LoRA";
 
   // Two clients through the whole path: after both synced, the second holds the mean of both.
   server::SplitServer fresh(ServerFor(dir));
@@ -166,10 +174,10 @@ TEST(SplitTraining, CollaborativeModeAveragesClientAdapters) {
   client::ClientOptions oa = testing::TinyClientOptions(dir, "a", "bf16", 4), ob = testing::TinyClientOptions(dir, "b", "bf16", 4);
   oa.sync_every = ob.sync_every = 4;
   ob.seed = 8;  // different data order: different adapters before the sync
-  client::SplitClient a(oa, testing::ParityDataset(16), ta), b(ob, testing::ParityDataset(16), tb);
-  a.Run();
-  b.Run();
-  EXPECT_EQ(fresh.AverageAdapters("a", {}, &clients).size(), 0u);
+  client::SplitClient ca(oa, testing::ParityDataset(16), ta), cb(ob, testing::ParityDataset(16), tb);
+  ca.Run();
+  cb.Run();
+  EXPECT_EQ(fresh.AverageAdapters("a", ca.Adapter(), &clients).size(), ones.size());
   EXPECT_EQ(clients, 2);
 }
 

@@ -19,8 +19,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   limits.max_chunk_bytes = 4096;
   limits.max_chunks = 64;
   limits.max_step_bytes = 1 << 18;
-  limits.max_batch_tokens = 4096;
-  limits.vocab_size = 300;
+  limits.shape.max_batch_tokens = 4096;
+  limits.shape.max_sequence_tokens = 512;
+  limits.shape.vocab_size = 300;
   amaq::quant::DecodeLimits decode_limits;
   decode_limits.max_elements = 1 << 20;
   amaq::server::StepAssembler assembler(limits);
@@ -38,11 +39,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (!assembler.Add(request)) continue;
       const amaq::StepInput in = assembler.Take();
       if (in.kind == amaq::StepKind::kTrain && !in.sample_ids.empty()) {
-        aqsgd.Decode(in.activation.data(), in.activation.size(), in.tokens, 16);
+        aqsgd.Decode(in.activation.data(), in.activation.size(), in.tokens, 16, in.batch);
       } else {
         amaq::quant::Decoded d;
-        decoder.Decode(in.activation.data(), in.activation.size(), &d);
-        amaq::Require(d.rows == in.batch * in.tokens, amaq::ErrorCode::kInvalidArgument, "activation shape");
+        decoder.Decode(in.activation.data(), in.activation.size(), &d, amaq::quant::ExpectedShape{in.batch * in.tokens, 16});
       }
     } catch (const amaq::Error&) {
     }

@@ -1,0 +1,343 @@
+// The attacks of an outside review (docs/reliability.md, "Threat model"), each reproduced against
+// a server over gRPC + TLS, with the server's answer asserted: the status a hostile client gets,
+// the memory the server did not allocate, and that the service still serves everyone else.
+#include <grpcpp/generic/generic_stub.h>
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
+#include <climits>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "network_fixture.h"
+#include "process.h"
+#include "proto/step_messages.h"
+#include "server/metrics_http.h"
+#include "zstd_bomb.h"
+
+namespace amaq {
+namespace {
+
+using amaq::v1::StepReply;
+using amaq::v1::StepRequest;
+using testing::Chunked;
+using testing::FirstChunk;
+using testing::kAdminToken;
+using testing::kToken1;
+using testing::kToken2;
+using testing::Network;
+using testing::SendSteps;
+
+// A field of /proc/self/status in MiB (VmHWM: the peak resident memory so far).
+double ProcStatusMiB(const std::string& field) {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(field + ":", 0) == 0) return std::stod(line.substr(field.size() + 1)) / 1024;
+  }
+  return 0;
+}
+
+// Item 2: a SCORE step of 1 x T tokens with T far above the model's positions (attention memory
+// grows with T^2) is refused when its first chunk arrives.
+TEST_F(Network, StepLongerThanTheModelsPositionsIsRefused) {
+  StartServer();
+  auto stub = RawStub();
+  ASSERT_TRUE(RawJoin(*stub, kToken2, "client-2", "bf16").ok());
+  StepRequest r;
+  r.set_kind(StepRequest::SCORE);
+  r.set_batch(1);
+  r.set_tokens(4096);
+  for (int i = 0; i < 4096; ++i) {
+    r.add_attention_mask(1);
+    r.add_labels(3);
+  }
+  r.set_chunk_count(1);
+  r.set_payload("x");
+  const grpc::Status status = SendSteps(*stub, {r});
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_NE(status.error_message().find("max_sequence_tokens 2048"), std::string::npos) << status.error_message();
+}
+
+// Item 3: 33 KB on the wire declaring 2^20 x 256 fp32 (1 GiB) in a step of 1 x 2 tokens.
+TEST_F(Network, DecompressionBombIsRefusedBeforeItInflates) {
+  StartServer();
+  auto stub = RawStub();
+  ASSERT_TRUE(RawJoin(*stub, kToken2, "client-2", "fp32").ok());
+  const std::vector<uint8_t> bomb = testing::ZstdBombMessage(uint64_t{1} << 20, 256);
+  const double peak_before = ProcStatusMiB("VmHWM");
+  const grpc::Status status =
+      SendSteps(*stub, Chunked(FirstChunk("", 1), std::string(bomb.begin(), bomb.end()), 4096));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_LT(ProcStatusMiB("VmHWM") - peak_before, 256) << "inflating it would take 2 GiB";
+  EXPECT_EQ(split_->Stats().at("client-2").steps, 0);
+}
+
+// Item 4: a client has one step stream; opening another ends the older (and frees its partial step).
+TEST_F(Network, ANewStepStreamOfAClientEndsItsOlderOne) {
+  StartServer();
+  auto stub = RawStub();
+  ASSERT_TRUE(RawJoin(*stub, kToken2, "client-2", "bf16").ok());
+  grpc::ClientContext first_context;
+  Network::Authorize(&first_context, kToken2);
+  auto first = stub->Steps(&first_context);
+  ASSERT_TRUE(first->Write(FirstChunk(std::string(4000, 'x'), 3)));  // a partial step held
+  ASSERT_TRUE(testing::WaitFor([&] { return service_->open_streams() == 1; }, 5));
+  grpc::ClientContext second_context;
+  Network::Authorize(&second_context, kToken2);
+  auto second = stub->Steps(&second_context);
+  ASSERT_TRUE(second->Write(FirstChunk(std::string(4000, 'x'), 3)));
+  StepReply reply;
+  EXPECT_FALSE(first->Read(&reply));
+  const grpc::Status ended = first->Finish();
+  EXPECT_EQ(ended.error_code(), grpc::StatusCode::ABORTED) << ended.error_message();
+  EXPECT_TRUE(testing::WaitFor([&] { return service_->open_streams() == 1; }, 5)) << "only the newest stream stays";
+  second_context.TryCancel();
+  second->Finish();
+  // Other clients are not affected: client-1 trains meanwhile.
+  client::GrpcTransport transport(ClientTransport(kToken1, port_));
+  client::SplitClient c(ClientFor("client-1", "bf16", 3), testing::ParityDataset(16), transport);
+  EXPECT_NO_THROW(c.Run());
+}
+
+// Item 5: a gzip-compressed Join without credentials is refused from its headers, uninflated.
+TEST_F(Network, CompressedMessagesAreRefusedBeforeTheyInflate) {
+  StartServer();
+  auto stub = RawStub();
+  grpc::ClientContext context;
+  context.set_compression_algorithm(GRPC_COMPRESS_GZIP);
+  amaq::v1::JoinRequest join;
+  join.set_client_id(std::string(16 << 20, 'a'));  // 16 MiB that gzip makes ~16 KiB
+  amaq::v1::JoinReply reply;
+  const grpc::Status status = stub->Join(&context, join, &reply);
+  // Refused for its grpc-encoding header (UNIMPLEMENTED), not after inflating (UNAUTHENTICATED).
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED) << status.error_message();
+  EXPECT_TRUE(RawJoin(*stub, kToken1, "client-1", "bf16").ok()) << "the server serves on";
+}
+
+// Item 6: an exception that is not an amaq::Error (LibTorch's carry stack traces) reaches the
+// client as a short message with an id; the details stay in the server's log.
+TEST(ServerErrors, InternalErrorsReachTheClientAsAnIdOnly) {
+  const std::string trace = "c10::Error at /usr/lib/libtorch.so 0x7f00deadbeef " + std::string(300, '#');
+  const grpc::Status status = server::ToStatus(std::runtime_error(trace));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INTERNAL);
+  EXPECT_LT(status.error_message().size(), 200u) << status.error_message();
+  EXPECT_EQ(status.error_message().find("libtorch"), std::string::npos) << status.error_message();
+  EXPECT_NE(status.error_message().find("server's log"), std::string::npos) << status.error_message();
+  EXPECT_NE(server::ToStatus(std::runtime_error(trace)).error_message(), status.error_message()) << "each gets its own id";
+  // amaq::Errors keep their message (the user can act on it), cut to 2 KiB.
+  const grpc::Status long_error = server::ToStatus(Error(ErrorCode::kInvalidArgument, std::string(1 << 20, 'm')));
+  EXPECT_EQ(long_error.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_LT(long_error.error_message().size(), 2200u);
+}
+
+// Item 7: adapters with non-finite or huge values, or shapes that are not the client layers' LoRA,
+// are refused; the averages other clients get stay theirs.
+TEST_F(Network, PoisonedAdapterUploadsAreRefused) {
+  StartServer();
+  client::GrpcTransport transport(ClientTransport(kToken1, port_));
+  client::SplitClient honest(ClientFor("client-1", "bf16", 2), testing::ParityDataset(16), transport);
+  honest.Join();
+  honest.SyncAdapters();  // a valid upload: the LoRA of layers 0 and 1
+  auto stub = RawStub();
+  ASSERT_TRUE(RawJoin(*stub, kToken2, "client-2", "bf16").ok());
+  const NamedFloats valid = honest.Adapter();
+  const auto upload = [&](const std::function<void(amaq::v1::AdapterUpload&)>& poison) {
+    amaq::v1::AdapterUpload request;
+    ToNamedTensors(valid, request.mutable_tensors());
+    poison(request);
+    grpc::ClientContext context;
+    Network::Authorize(&context, kToken2);
+    amaq::v1::AdapterAverage reply;
+    return stub->SyncAdapters(&context, request, &reply);
+  };
+  const std::vector<std::pair<std::string, std::function<void(amaq::v1::AdapterUpload&)>>> poisons = {
+      {"NaN", [](amaq::v1::AdapterUpload& r) { r.mutable_tensors(0)->set_values(0, std::nanf("")); }},
+      {"3e38", [](amaq::v1::AdapterUpload& r) { r.mutable_tensors(0)->set_values(0, 3e38f); }},
+      {"shape [1] with 200,000 values",
+       [](amaq::v1::AdapterUpload& r) {
+         r.mutable_tensors(0)->clear_shape();
+         r.mutable_tensors(0)->add_shape(1);
+         r.mutable_tensors(0)->mutable_values()->Resize(200000, 0.0f);
+       }},
+      {"an unknown name", [](amaq::v1::AdapterUpload& r) { r.mutable_tensors(0)->set_name("model.layers.3.mlp.x"); }},
+  };
+  for (const auto& [what, poison] : poisons) {
+    const grpc::Status status = upload(poison);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << what << ": " << status.error_message();
+  }
+  EXPECT_TRUE(upload([](amaq::v1::AdapterUpload&) {}).ok()) << "the same upload unpoisoned is accepted";
+  honest.SyncAdapters();  // the average of two equal uploads: its own values, finite
+  for (const auto& [name, tensor] : honest.Adapter()) EXPECT_EQ(tensor.values, valid.at(name).values) << name;
+}
+
+// Item 9: Status shows a client only itself; an operator's (admin) token sees everyone.
+TEST_F(Network, StatusShowsATenantOnlyItself) {
+  StartServer();
+  auto stub = RawStub();
+  ASSERT_TRUE(RawJoin(*stub, kToken1, "client-1", "bf16").ok());
+  ASSERT_TRUE(RawJoin(*stub, kToken2, "client-2", "bf16").ok());
+  const auto listed = [&](const std::string& token) {
+    grpc::ClientContext context;
+    Network::Authorize(&context, token);
+    amaq::v1::StatusReply reply;
+    EXPECT_TRUE(stub->Status(&context, amaq::v1::StatusRequest(), &reply).ok());
+    std::vector<std::string> ids;
+    for (const auto& c : reply.clients()) ids.push_back(c.client_id());
+    return ids;
+  };
+  EXPECT_EQ(listed(kToken2), std::vector<std::string>{"client-2"});
+  EXPECT_EQ(listed(kAdminToken), (std::vector<std::string>{"client-1", "client-2"}));
+}
+
+// Item 10: with mutual TLS the certificate must be issued to the client the token names.
+TEST_F(Network, MutualTlsCertificateMustBeIssuedToTheTokensClient) {
+  mutual_tls_ = true;
+  StartServer();
+  const grpc::Status borrowed = RawJoin(*RawStub("client-2"), kToken1, "client-1", "bf16");
+  EXPECT_EQ(borrowed.error_code(), grpc::StatusCode::PERMISSION_DENIED) << borrowed.error_message();
+  EXPECT_TRUE(RawJoin(*RawStub("client-1"), kToken1, "client-1", "bf16").ok());
+  EXPECT_FALSE(RawJoin(*RawStub(), kToken1, "client-1", "bf16").ok()) << "no certificate, no connection";
+}
+
+// Item 10: a deleted tokens file revokes every token (fail closed), until it is back.
+TEST_F(Network, DeletedTokensFileRevokesEveryToken) {
+  StartServer();
+  auto stub = RawStub();
+  ASSERT_TRUE(RawJoin(*stub, kToken1, "client-1", "bf16").ok());
+  const std::string moved = *tokens_ + ".away";
+  std::filesystem::rename(*tokens_, moved);
+  const grpc::Status gone = RawJoin(*stub, kToken1, "client-1", "bf16");
+  std::filesystem::rename(moved, *tokens_);
+  EXPECT_EQ(gone.error_code(), grpc::StatusCode::UNAUTHENTICATED) << gone.error_message();
+  EXPECT_TRUE(RawJoin(*stub, kToken1, "client-1", "bf16").ok()) << "back with the file";
+}
+
+// Item 11: long strings are not echoed whole; negative step ids and all-padding steps are refused.
+TEST_F(Network, EchoesAreBoundedAndBadStepIdsAndEmptyStepsRefused) {
+  StartServer();
+  auto stub = RawStub();
+  const std::string huge(1 << 20, 'z');
+  for (const auto& status : {RawJoin(*stub, kToken2, huge, "bf16"), RawJoin(*stub, kToken2, "client-2", huge)}) {
+    EXPECT_FALSE(status.ok());
+    EXPECT_LT(status.error_message().size(), 1024u) << "the 1 MiB string is not echoed";
+  }
+  {
+    grpc::ClientContext context;
+    Network::Authorize(&context, kToken2);
+    amaq::v1::JoinRequest join;
+    join.set_client_id("client-2");
+    join.set_cut_layer(2);
+    join.set_method("bf16");
+    join.set_model_fingerprint(huge);
+    amaq::v1::JoinReply reply;
+    const grpc::Status status = stub->Join(&context, join, &reply);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << status.error_message().substr(0, 200);
+    EXPECT_LT(status.error_message().size(), 1024u);
+  }
+  ASSERT_TRUE(RawJoin(*stub, kToken2, "client-2", "bf16").ok());
+  for (const int64_t id : {int64_t{-5}, INT64_MIN}) {
+    StepRequest r = FirstChunk("x", 1);
+    r.set_step_id(id);
+    const grpc::Status status = SendSteps(*stub, {r});
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << id << ": " << status.error_message();
+  }
+  StepRequest padding = FirstChunk("x", 1);
+  padding.set_attention_mask(0, 0);
+  padding.set_attention_mask(1, 0);
+  const grpc::Status status = SendSteps(*stub, {padding});
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_EQ(split_->Stats().at("client-2").steps, 0);
+}
+
+namespace asio = boost::asio;
+namespace http = boost::beast::http;
+using asio::ip::tcp;
+
+// One GET /metrics with an optional bearer token; returns the HTTP status (0: no answer).
+int GetMetrics(uint16_t port, const std::string& token, std::string* body = nullptr) {
+  asio::io_context io;
+  tcp::socket socket(io);
+  boost::system::error_code ec;
+  socket.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port), ec);
+  if (ec) return 0;
+  http::request<http::empty_body> request(http::verb::get, "/metrics", 11);
+  request.set(http::field::host, "localhost");
+  if (!token.empty()) request.set(http::field::authorization, "Bearer " + token);
+  http::write(socket, request, ec);
+  boost::beast::flat_buffer buffer;
+  http::response<http::string_body> response;
+  http::read(socket, buffer, response, ec);
+  if (ec) return 0;
+  if (body) *body = response.body();
+  return static_cast<int>(response.result_int());
+}
+
+// Item 8: a connection that sends half a request neither blocks the others nor stays open past
+// the timeout; with a token, only its bearer is answered; a bare port binds to loopback.
+TEST(MetricsEndpoint, SlowClientsDoNotBlockItAndATokenGuardsIt) {
+  server::MetricsOptions o;
+  o.listen = "0";  // a bare port: 127.0.0.1, any free port
+  o.token = "metrics-token-0123456789";
+  o.timeout_seconds = 1;
+  server::MetricsHttp metrics(o, [] { return std::string("amaq_up 1\n"); });
+  asio::io_context io;
+  tcp::socket slow(io);
+  slow.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), metrics.port()));
+  asio::write(slow, asio::buffer(std::string("GET /metr")));  // and nothing more
+  std::string body;
+  EXPECT_EQ(GetMetrics(metrics.port(), o.token, &body), 200) << "answered while the slow connection is open";
+  EXPECT_EQ(body, "amaq_up 1\n");
+  EXPECT_EQ(GetMetrics(metrics.port(), ""), 401);
+  EXPECT_EQ(GetMetrics(metrics.port(), "wrong-token-0123456789"), 401);
+  char byte;
+  boost::system::error_code ec;
+  slow.read_some(asio::buffer(&byte, 1), ec);  // the server closes it after its timeout
+  EXPECT_TRUE(ec == asio::error::eof || ec == asio::error::connection_reset) << ec.message();
+}
+
+// Item 1: plain TCP connections that never speak TLS, past the open-files limit, against a server
+// process run under a low limit: the server keeps its connections bounded, and accepts and serves
+// a client once the flood is gone.
+TEST_F(Network, ConnectionFloodPastTheOpenFilesLimitLeavesTheServerServing) {
+  const std::string dir = testing::TempDir("flood");
+  const std::string port_file = dir + "/port";
+  const std::string command = "ulimit -n 256 && exec " AMAQ_BIN_DIR "/amaq-server --model " + *model_ +
+                              " --listen 127.0.0.1:0 --port_file " + port_file + " --tls_cert " + *certs_ +
+                              "/server.pem --tls_key " + *certs_ + "/server.key --tokens_file " + *tokens_ +
+                              " --threads 1";
+  testing::Process server({"/bin/sh", "-c", command}, dir + "/server.log");
+  ASSERT_TRUE(testing::WaitFor([&] { return std::filesystem::exists(port_file) && std::filesystem::file_size(port_file) > 0; }, 60))
+      << server.Log();
+  std::ifstream(port_file) >> port_;
+  std::vector<int> flood;
+  for (int i = 0; i < 400; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(static_cast<uint16_t>(port_));
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0) flood.push_back(fd);
+    else if (fd >= 0) ::close(fd);
+  }
+  EXPECT_GT(flood.size(), 300u) << "the kernel accepted the flood's connections";
+  const auto open_files = [&] {
+    size_t n = 0;
+    for (const auto& entry : std::filesystem::directory_iterator("/proc/" + std::to_string(server.pid()) + "/fd")) n += entry.exists() ? 1 : 0;
+    return n;
+  };
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_LT(open_files(), 250u) << "the server keeps file descriptors in reserve";
+  for (int fd : flood) ::close(fd);
+  EXPECT_TRUE(testing::WaitFor([&] { return RawJoin(*RawStub(), kToken1, "client-1", "bf16").ok(); }, 30)) << server.Log();
+  EXPECT_EQ(server.Log().find("Failed accept4"), std::string::npos) << "gRPC's listener never ran out of descriptors";
+}
+
+}  // namespace
+}  // namespace amaq
