@@ -258,7 +258,7 @@ double SplitClient::Evaluate() {
                   " rows: the server and this client disagree; update both");
       return torch::tensor(r.scores).view({b.ids.size(0), -1});
     };
-    return ClassificationAccuracy(score, *encoder_, data_, examples, options_.eval_batch);
+    return ClassificationAccuracy(score, *encoder_, data_, examples, options_.eval_batch, config_.max_position_embeddings);
   }
   const GreedyStep step = [&](const torch::Tensor& ids, const torch::Tensor& mask) {
     const StepResult r = remote(ids, mask, torch::Tensor(), StepKind::kNextToken);

@@ -123,6 +123,25 @@ Batch ExampleEncoder::MakeCandidateBatch(const std::vector<const Example*>& exam
   return RightPadded(rows, masks, targets, static_cast<int64_t>(longest), std::vector<uint64_t>(rows.size(), 0));
 }
 
+std::vector<std::vector<std::string>> ExampleEncoder::CandidateGroups(const std::vector<std::string>& candidates,
+                                                                      int64_t max_row_tokens) const {
+  std::vector<std::vector<std::string>> groups;
+  int64_t used = max_row_tokens;  // forces a first group
+  for (const std::string& c : candidates) {
+    const int64_t cost = static_cast<int64_t>(Encode("", c).completion.size()) + 3;
+    Require(max_tokens_ + cost <= max_row_tokens, ErrorCode::kInvalidArgument,
+            "the label '" + Excerpt(c) + "' after a prompt of max_tokens " + std::to_string(max_tokens_) +
+                " needs more than the model's " + std::to_string(max_row_tokens) + " positions: lower max_tokens");
+    if (used + cost > max_row_tokens) {
+      groups.emplace_back();
+      used = max_tokens_;
+    }
+    groups.back().push_back(c);
+    used += cost;
+  }
+  return groups;
+}
+
 Batch SampleWindows(const std::vector<int32_t>& stream, int64_t batch, int64_t tokens, std::mt19937_64& rng) {
   Require(static_cast<int64_t>(stream.size()) > tokens + 1, ErrorCode::kInvalidArgument,
           "the token stream is shorter than one window");

@@ -46,6 +46,13 @@ class ExampleEncoder {
   // candidate and EOS). Segment k computes what MakeBatch's row of (prompt, candidate k) would;
   // a prompt too long for max_tokens is cut at its beginning as for the longest candidate.
   Batch MakeCandidateBatch(const std::vector<const Example*>& examples, const std::vector<std::string>& candidates) const;
+  // `candidates` in order, split into groups whose packed rows stay within `max_row_tokens` (the
+  // model's positions, which a server also enforces) after a prompt of up to max_tokens: each
+  // candidate counts its tokens, its EOS and the prompt token before it, plus one for a
+  // tokenization that differs after the prompt. Throws amaq::Error (kInvalidArgument) when one
+  // candidate alone does not fit.
+  std::vector<std::vector<std::string>> CandidateGroups(const std::vector<std::string>& candidates,
+                                                        int64_t max_row_tokens) const;
 
   const Tokenizer& tokenizer() const { return tokenizer_; }
   int64_t eos_id() const { return eos_; }

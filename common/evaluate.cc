@@ -37,21 +37,26 @@ torch::Tensor LastTokenArgmax(const torch::Tensor& logits, const torch::Tensor& 
 
 double ClassificationAccuracy(const SequenceScorer& score, const ExampleEncoder& encoder,
                               const Dataset& dataset, const std::vector<Example>& examples,
-                              int64_t batch_size) {
+                              int64_t batch_size, int64_t max_row_tokens) {
   Require(dataset.is_classification(), ErrorCode::kInvalidArgument,
           dataset.name + " is not a classification data set: use exact match");
   if (examples.empty()) return 0.0;
   torch::NoGradGuard no_grad;
+  const std::vector<std::vector<std::string>> groups = encoder.CandidateGroups(dataset.labels, max_row_tokens);
   int64_t correct = 0;
   for (size_t i = 0; i < examples.size(); i += static_cast<size_t>(batch_size)) {
     const std::vector<const Example*> chunk = Slice(examples, i, batch_size);
-    const torch::Tensor scores = score(encoder.MakeCandidateBatch(chunk, dataset.labels));
-    Require(scores.dim() == 2 && scores.size(0) == static_cast<int64_t>(chunk.size()) &&
-                scores.size(1) == static_cast<int64_t>(dataset.labels.size()),
-            ErrorCode::kDataLoss, "the scorer returned " + std::to_string(scores.numel()) + " scores for " +
-                                      std::to_string(chunk.size()) + " examples of " + std::to_string(dataset.labels.size()) +
-                                      " labels: the server does not score candidate segments; update it");
-    const torch::Tensor best = scores.argmax(1);
+    std::vector<torch::Tensor> parts;
+    for (const std::vector<std::string>& group : groups) {
+      const torch::Tensor part = score(encoder.MakeCandidateBatch(chunk, group));
+      Require(part.dim() == 2 && part.size(0) == static_cast<int64_t>(chunk.size()) &&
+                  part.size(1) == static_cast<int64_t>(group.size()),
+              ErrorCode::kDataLoss, "the scorer returned " + std::to_string(part.numel()) + " scores for " +
+                                        std::to_string(chunk.size()) + " examples of " + std::to_string(group.size()) +
+                                        " labels: the server does not score candidate segments; update it");
+      parts.push_back(part);
+    }
+    const torch::Tensor best = torch::cat(parts, 1).argmax(1);
     for (size_t e = 0; e < chunk.size(); ++e) correct += best[static_cast<int64_t>(e)].item<int64_t>() == chunk[e]->label;
   }
   return static_cast<double>(correct) / static_cast<double>(examples.size());

@@ -26,11 +26,13 @@ torch::Tensor SequenceLogProbs(const torch::Tensor& logits, const torch::Tensor&
 torch::Tensor LastTokenArgmax(const torch::Tensor& logits, const torch::Tensor& mask);
 
 // Picks, for each example, the label whose completion is most likely; returns the share correct.
-// Each example is one row that packs every label as a candidate segment after the prompt
-// (ExampleEncoder::MakeCandidateBatch), so the prompt is computed once, not once per label.
+// Each example is a row that packs the labels as candidate segments after the prompt
+// (ExampleEncoder::MakeCandidateBatch), so the prompt is computed once per row, not once per
+// label; labels that do not fit one row of `max_row_tokens` (the model's positions) are spread
+// over several (ExampleEncoder::CandidateGroups).
 double ClassificationAccuracy(const SequenceScorer& score, const ExampleEncoder& encoder,
                               const Dataset& dataset, const std::vector<Example>& examples,
-                              int64_t batch_size);
+                              int64_t batch_size, int64_t max_row_tokens);
 // Greedy decoding up to max_new_tokens or EOS; returns the share whose text equals the completion.
 double ExactMatch(const GreedyStep& step, const ExampleEncoder& encoder,
                   const std::vector<Example>& examples, int64_t max_new_tokens, int64_t batch_size);

@@ -72,7 +72,7 @@ FinetuneResult FinetuneLocal(const Dataset& dataset, const FinetuneOptions& o) {
                                   dataset.validation.begin() + std::min<int64_t>(o.eval_examples, dataset.validation.size()));
   if (dataset.is_classification()) {
     const SequenceScorer score = [&](const Batch& b) { return SequenceLogProbs(model(b.ids, b.mask), b.labels, b.mask); };
-    result.metric = ClassificationAccuracy(score, encoder, dataset, eval, o.eval_batch);
+    result.metric = ClassificationAccuracy(score, encoder, dataset, eval, o.eval_batch, config.max_position_embeddings);
   } else {
     const GreedyStep step = [&](const torch::Tensor& ids, const torch::Tensor& mask) {
       return LastTokenArgmax(model(ids, mask), mask);

@@ -7,6 +7,7 @@
 
 #include "common/batching.h"
 #include "common/checkpoint.h"
+#include "common/error.h"
 #include "common/evaluate.h"
 #include "common/sentencepiece_tokenizer.h"
 #include "tiny_model.h"
@@ -118,8 +119,10 @@ TEST(Evaluate, AccuracyAndExactMatchCountCorrectly) {
   d.validation = {{"dog:", "animal", 0}, {"oak:", "plant", 1}, {"cat:", "animal", 0}};
   // A scorer that likes "plant": right on one of three.
   const std::vector<int64_t> plant = encoder.Encode("x", "plant").completion;
+  int scored_batches = 0;
   const SequenceScorer prefers_plant = [&](const Batch& b) {  // packed rows: one score per segment
-    torch::Tensor s = torch::zeros({b.ids.size(0), 2});
+    ++scored_batches;
+    torch::Tensor s = torch::zeros({b.ids.size(0), b.mask.max().item<int64_t>() - 1});
     for (int64_t r = 0; r < b.ids.size(0); ++r) {
       for (int64_t t = 0; t < b.ids.size(1); ++t) {
         if (b.labels[r][t].item<int64_t>() == plant[0]) s[r][b.mask[r][t].item<int64_t>() - 2] = 1.0;
@@ -127,7 +130,22 @@ TEST(Evaluate, AccuracyAndExactMatchCountCorrectly) {
     }
     return s;
   };
-  EXPECT_NEAR(ClassificationAccuracy(prefers_plant, encoder, d, d.validation, 2), 1.0 / 3, 1e-9);
+  EXPECT_NEAR(ClassificationAccuracy(prefers_plant, encoder, d, d.validation, 2, 2048), 1.0 / 3, 1e-9);
+  EXPECT_EQ(scored_batches, 2) << "3 examples in batches of 2, both labels in one row";
+  // Rows of the fewest positions that hold one label: each label gets rows of its own, same answer.
+  int64_t tight = 64;
+  while (true) {
+    try {
+      encoder.CandidateGroups(d.labels, tight);
+      break;
+    } catch (const Error&) {
+      ++tight;
+    }
+  }
+  EXPECT_EQ(encoder.CandidateGroups(d.labels, tight).size(), 2u);
+  scored_batches = 0;
+  EXPECT_NEAR(ClassificationAccuracy(prefers_plant, encoder, d, d.validation, 2, tight), 1.0 / 3, 1e-9);
+  EXPECT_EQ(scored_batches, 4) << "two label groups for each batch";
 
   // A generator that always spells "walked": right on one of two.
   const std::vector<int64_t> walked = tokenizer->Encode("walked");
