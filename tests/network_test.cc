@@ -156,16 +156,7 @@ TEST_F(Network, MalformedStepEndsThatStreamOnly) {
     grpc::ClientContext context;
     Authorize(&context, kToken2);
     auto stream = stub->Steps(&context);
-    amaq::v1::StepRequest request;
-    request.set_batch(1);
-    request.set_tokens(2);
-    request.add_attention_mask(1);
-    request.add_attention_mask(1);
-    request.add_labels(-100);
-    request.add_labels(3);
-    request.set_chunk_count(1);
-    request.set_payload(std::string(300, 'x'));
-    stream->Write(request);
+    stream->Write(testing::FirstChunk(std::string(300, 'x'), 1));
     stream->WritesDone();
     amaq::v1::StepReply reply;
     EXPECT_FALSE(stream->Read(&reply));
