@@ -67,11 +67,18 @@ int main(int argc, char** argv) {
   Dataset wordnet = LoadWordNetTopics(data);
   wordnet.train.resize(2000);
 
-  std::printf("load test: amaq:8->3, batch 16 x up to 48 tokens, %lld steps per client, TLS on loopback, "
-              "server threads 1, %u cores\n", static_cast<long long>(steps), std::thread::hardware_concurrency());
-  std::printf("%8s %10s %10s %10s %14s %14s %8s %8s\n", "clients", "steps/s", "p50 ms", "p99 ms", "server RSS MiB",
-              "server peak MiB", "failed", "applied");
-  for (int clients : {1, 8, 16}) {
+  std::printf("load test: %lld steps per client, TLS on loopback, server threads 1, %u cores; the last round sends "
+              "large bf16 steps (batch 512: ~10 MiB up and down a step) to show the server returning memory\n",
+              static_cast<long long>(steps), std::thread::hardware_concurrency());
+  std::printf("%8s %-10s %6s %10s %10s %10s %14s %14s %8s %8s\n", "clients", "method", "batch", "steps/s", "p50 ms", "p99 ms",
+              "server RSS MiB", "server peak MiB", "failed", "applied");
+  struct Round {
+    int clients;
+    const char* method;
+    int64_t batch;
+  };
+  for (const Round round : {Round{1, "amaq:8->3", 16}, Round{8, "amaq:8->3", 16}, Round{16, "amaq:8->3", 16}, Round{1, "bf16", 512}}) {
+    const int clients = round.clients;
     const std::string port_file = work + "/port";
     std::filesystem::remove(port_file);
     testing::Process server({server_binary, "--model", model, "--listen", "127.0.0.1:0", "--port_file", port_file,
@@ -99,9 +106,9 @@ int main(int argc, char** argv) {
           client::ClientOptions o;
           o.client_id = "load-" + std::to_string(i);
           o.model_dir = model;
-          o.method = "amaq:8->3";
+          o.method = round.method;
           o.steps = steps;
-          o.batch = 16;
+          o.batch = round.batch;
           o.max_tokens = 48;
           o.progress = false;
           client::SplitClient c(o, wordnet, transport);
@@ -120,8 +127,9 @@ int main(int argc, char** argv) {
     for (const auto& r : records) {
       for (const auto& s : r) latency.push_back(s.seconds * 1e3);
     }
-    std::printf("%8d %10.2f %10.1f %10.1f %14.0f %14.0f %8d %8lld\n", clients,
-                static_cast<double>(latency.size()) / seconds, Percentile(latency, 0.5), Percentile(latency, 0.99),
+    std::this_thread::sleep_for(std::chrono::seconds(1));  // the clients' streams have ended on the server
+    std::printf("%8d %-10s %6lld %10.2f %10.1f %10.1f %14.0f %14.0f %8d %8lld\n", clients, round.method,
+                static_cast<long long>(round.batch), static_cast<double>(latency.size()) / seconds, Percentile(latency, 0.5), Percentile(latency, 0.99),
                 ProcStatusMiB(server.pid(), "VmRSS"), ProcStatusMiB(server.pid(), "VmHWM"), failed.load(),
                 static_cast<long long>(AppliedSteps(g)));
     std::fflush(stdout);
