@@ -181,6 +181,33 @@ TEST(SplitTraining, CollaborativeModeAveragesClientAdapters) {
   EXPECT_EQ(clients, 2);
 }
 
+// A server (or a peer through it) that returns a non-finite average: the client refuses all of it
+// and keeps its own weights (the poisoned tensor is the last one, so a partial copy would show).
+TEST(SplitTraining, NonFiniteAdapterAverageIsRefusedByTheClient) {
+  struct PoisonedAverage : client::LocalTransport {
+    using client::LocalTransport::LocalTransport;
+    NamedFloats SyncAdapters(const NamedFloats& adapter) override {
+      NamedFloats average = client::LocalTransport::SyncAdapters(adapter);
+      average.rbegin()->second.values[0] = std::nanf("");
+      return average;
+    }
+  };
+  const std::string dir = testing::TinyModelDir("poisoned-average");
+  server::SplitServer server(ServerFor(dir));
+  PoisonedAverage transport(server);
+  client::SplitClient c(testing::TinyClientOptions(dir, "a", "bf16", 2), testing::ParityDataset(16), transport);
+  c.Join();
+  c.TrainStep(0);
+  const NamedFloats before = c.Adapter();
+  try {
+    c.SyncAdapters();
+    ADD_FAILURE() << "a NaN in the average must be refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kDataLoss) << e.what();
+  }
+  for (const auto& [name, t] : c.Adapter()) EXPECT_EQ(t.values, before.at(name).values) << name;
+}
+
 class ServerGuards : public ::testing::Test {
  protected:
   void SetUp() override {
