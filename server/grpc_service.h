@@ -5,10 +5,11 @@
 // (chunk counts, chunk sizes and the bytes of one step are bounded), complete steps go to a compute
 // queue served by one worker thread (the model is shared), and replies are written back in chunks.
 // A malformed step ends that client's stream with the error's status (the client reconnects);
-// other clients are not affected. A client has one step stream at a time: a new one ends the older
-// (ABORTED), so the memory one client can hold is one partial step. A stream that stalls in the middle of a step (no chunk received,
-// or no reply chunk taken, for stall_timeout_seconds) is ended with DEADLINE_EXCEEDED and its
-// buffers are freed; the client's session (step counter, LoRA) stays for its rejoin.
+// other clients are not affected. A client has one step stream at a time: a new one ends the
+// older (ABORTED), so the memory one client can hold is one partial step. A stream that stalls in
+// the middle of a step (no chunk received, or no reply chunk taken, for stall_timeout_seconds) is
+// ended with DEADLINE_EXCEEDED and its buffers are freed; the client's session (step counter,
+// LoRA) stays for its rejoin.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
