@@ -31,15 +31,6 @@ double Percentile(std::vector<double> v, double p) {
   return v.empty() ? 0 : v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
 }
 
-// A field of /proc/PID/status in MiB (VmRSS, VmHWM).
-double ProcStatusMiB(int pid, const std::string& field) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind(field + ":", 0) == 0) return std::stod(line.substr(field.size() + 1)) / 1024;
-  }
-  return 0;
-}
-
 int64_t AppliedSteps(const client::GrpcOptions& g) {
   grpc::ChannelArguments args;
   args.SetSslTargetNameOverride(g.server_name);
@@ -130,7 +121,7 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::seconds(1));  // the clients' streams have ended on the server
     std::printf("%8d %-10s %6lld %10.2f %10.1f %10.1f %14.0f %14.0f %8d %8lld\n", clients, round.method,
                 static_cast<long long>(round.batch), static_cast<double>(latency.size()) / seconds, Percentile(latency, 0.5), Percentile(latency, 0.99),
-                ProcStatusMiB(server.pid(), "VmRSS"), ProcStatusMiB(server.pid(), "VmHWM"), failed.load(),
+                testing::ProcStatusMiB(server.pid(), "VmRSS"), testing::ProcStatusMiB(server.pid(), "VmHWM"), failed.load(),
                 static_cast<long long>(AppliedSteps(g)));
     std::fflush(stdout);
   }

@@ -35,15 +35,6 @@ using testing::kToken2;
 using testing::Network;
 using testing::SendSteps;
 
-// A field of /proc/self/status in MiB (VmHWM: the peak resident memory so far).
-double ProcStatusMiB(const std::string& field) {
-  std::ifstream in("/proc/self/status");
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind(field + ":", 0) == 0) return std::stod(line.substr(field.size() + 1)) / 1024;
-  }
-  return 0;
-}
-
 // Item 2: a SCORE step of 1 x T tokens with T far above the model's positions (attention memory
 // grows with T^2) is refused when its first chunk arrives.
 TEST_F(Network, StepLongerThanTheModelsPositionsIsRefused) {
@@ -71,11 +62,11 @@ TEST_F(Network, DecompressionBombIsRefusedBeforeItInflates) {
   auto stub = RawStub();
   ASSERT_TRUE(RawJoin(*stub, kToken2, "client-2", "fp32").ok());
   const std::vector<uint8_t> bomb = testing::ZstdBombMessage(uint64_t{1} << 20, 256);
-  const double peak_before = ProcStatusMiB("VmHWM");
+  const double peak_before = testing::ProcStatusMiB(getpid(), "VmHWM");
   const grpc::Status status =
       SendSteps(*stub, Chunked(FirstChunk("", 1), std::string(bomb.begin(), bomb.end()), 4096));
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
-  EXPECT_LT(ProcStatusMiB("VmHWM") - peak_before, 256) << "inflating it would take 2 GiB";
+  EXPECT_LT(testing::ProcStatusMiB(getpid(), "VmHWM") - peak_before, 256) << "inflating it would take 2 GiB";
   EXPECT_EQ(split_->Stats().at("client-2").steps, 0);
 }
 

@@ -64,6 +64,15 @@ class Process {
   pid_t pid_ = -1;
 };
 
+// A field of /proc/PID/status in MiB (VmRSS, VmHWM); 0 when absent.
+inline double ProcStatusMiB(int pid, const std::string& field) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(field + ":", 0) == 0) return std::stod(line.substr(field.size() + 1)) / 1024;
+  }
+  return 0;
+}
+
 // Waits up to `seconds` for `done()`; returns whether it became true.
 template <typename F>
 bool WaitFor(F done, double seconds) {
