@@ -4,6 +4,7 @@
 
 #include <boost/asio.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <thread>
@@ -123,14 +124,18 @@ TEST(Link, LatencyDelaysEachDirection) {
   asio::io_context io;
   tcp::socket s = Connect(io, relay);
   std::vector<char> b(4, 'p');
-  for (int i = 0; i < 3; ++i) {
+  // Every round trip waits for both delays; the fastest of five, which a busy machine slows only
+  // if it slows all five, stays below one more delay (a delay applied twice in a direction).
+  double fastest = 1e9;
+  for (int i = 0; i < 5; ++i) {
     const auto started = Clock::now();
     asio::write(s, asio::buffer(b));
     asio::read(s, asio::buffer(b));
     const double rtt = SecondsSince(started);
     EXPECT_GE(rtt, 0.1);
-    EXPECT_LT(rtt, 0.1 + 2 * 0.01 + 0.05) << "round trip " << rtt << " s";
+    fastest = std::min(fastest, rtt);
   }
+  EXPECT_LT(fastest, 0.1 + 2 * 0.01 + 0.05) << "fastest round trip " << fastest << " s";
 }
 
 TEST(Link, ResetAfterBytesClosesTheConnectionMidStream) {
@@ -210,13 +215,15 @@ TEST(Link, UnshapedRelayAddsNoDelayToMultiChunkMessages) {
   tcp::socket s = Connect(io, relay);
   s.set_option(tcp::no_delay(true));
   std::vector<char> b(kMessage, 'n');
-  const auto started = Clock::now();
+  // A delayed ACK costs 40 ms on every trip; the fastest of 20 is free of a busy machine's noise.
+  double fastest = 1e9;
   for (int i = 0; i < 20; ++i) {
+    const auto started = Clock::now();
     asio::write(s, asio::buffer(b));
     asio::read(s, asio::buffer(b));
+    fastest = std::min(fastest, SecondsSince(started));
   }
-  const double per_trip = SecondsSince(started) / 20;
-  EXPECT_LT(per_trip, 0.015) << "a round trip took " << per_trip * 1e3 << " ms (delayed ACKs: is TCP_NODELAY set?)";
+  EXPECT_LT(fastest, 0.015) << "the fastest round trip took " << fastest * 1e3 << " ms (delayed ACKs: is TCP_NODELAY set?)";
 }
 
 TEST(Link, ScheduledFaultsStrikeAtTheirTimes) {
