@@ -14,6 +14,7 @@
 
 #include "amaq/v1/split_training.grpc.pb.h"
 #include "client/grpc_transport.h"
+#include "client/local_transport.h"
 #include "client/split_client.h"
 #include "common/checkpoint.h"
 #include "common/tls.h"
@@ -89,6 +90,23 @@ class Network : public ::testing::Test {
 
   client::ClientOptions ClientFor(const std::string& id, const std::string& method, int64_t steps) {
     return testing::TinyClientOptions(*model_, id, method, steps);
+  }
+
+  // The losses of `options`' first `steps` training steps without a network (a fresh server in
+  // this process): what a run over a faulty link must reproduce when no step is lost and none is
+  // applied twice, on either side.
+  std::vector<float> LossesWithoutNetwork(const client::ClientOptions& options, const Dataset& data) const {
+    server::SplitServer server(testing::TinyServerOptions(*model_));
+    client::LocalTransport transport(server);
+    client::SplitClient c(options, data, transport);
+    std::vector<float> losses;
+    for (int64_t step = c.Join(); step < options.steps; ++step) losses.push_back(c.TrainStep(step).loss);
+    return losses;
+  }
+  static std::vector<float> Losses(const client::SplitClient& c) {
+    std::vector<float> losses;
+    for (const auto& r : c.records()) losses.push_back(r.loss);
+    return losses;
   }
 
   // A raw client of the protocol, for tests that send what a well-behaved client never would.
