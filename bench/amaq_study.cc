@@ -117,10 +117,10 @@ int Run(const Config& c) {
     loss.push_back(r[i].loss);
   }
   const size_t quarter = std::max<size_t>(1, steps / 4), tenth = std::max<size_t>(1, steps / 10);
-  const quant::Method method = quant::Method::Parse(o.method);
+  const std::unique_ptr<quant::Method> method = quant::Method::Parse(o.method);
   nlohmann::json j;
   j["task"] = c.String("task");
-  j["method"] = method.ToString();
+  j["method"] = method->ToString();
   j["seed"] = o.seed;
   j["steps"] = steps;
   j["batch"] = o.batch;

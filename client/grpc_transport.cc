@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "proto/grpc_status.h"
 #include "proto/step_messages.h"
 
 namespace amaq::client {
@@ -50,25 +51,6 @@ class StepDeadline {
 };
 
 }  // namespace
-
-Error ToError(const grpc::Status& status, const std::string& what) {
-  ErrorCode code = ErrorCode::kInternal;
-  switch (status.error_code()) {
-    case grpc::StatusCode::UNAVAILABLE:
-    case grpc::StatusCode::DEADLINE_EXCEEDED:
-    case grpc::StatusCode::CANCELLED:
-    case grpc::StatusCode::ABORTED: code = ErrorCode::kUnavailable; break;
-    case grpc::StatusCode::INVALID_ARGUMENT: code = ErrorCode::kInvalidArgument; break;
-    case grpc::StatusCode::DATA_LOSS: code = ErrorCode::kDataLoss; break;
-    case grpc::StatusCode::FAILED_PRECONDITION: code = ErrorCode::kFailedPrecondition; break;
-    case grpc::StatusCode::UNAUTHENTICATED:
-    case grpc::StatusCode::PERMISSION_DENIED: code = ErrorCode::kUnauthenticated; break;
-    case grpc::StatusCode::RESOURCE_EXHAUSTED: code = ErrorCode::kResourceExhausted; break;
-    case grpc::StatusCode::NOT_FOUND: code = ErrorCode::kNotFound; break;
-    default: break;
-  }
-  return Error(code, what + ": " + status.error_message() + " (gRPC status " + std::to_string(status.error_code()) + ")");
-}
 
 GrpcTransport::GrpcTransport(GrpcOptions options) : options_(std::move(options)) {
   const auto [host, port] = SplitHostPort(options_.server, "server");

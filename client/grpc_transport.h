@@ -58,8 +58,4 @@ class GrpcTransport : public Transport {
   uint64_t message_up_ = 0, message_down_ = 0;  // gRPC messages' bytes (FramedBytes), when not metering
 };
 
-// gRPC status -> amaq::Error with the same meaning (UNAVAILABLE, DEADLINE_EXCEEDED, CANCELLED and
-// ABORTED become kUnavailable: worth a retry).
-Error ToError(const grpc::Status& status, const std::string& what);
-
 }  // namespace amaq::client

@@ -13,7 +13,6 @@
 #include "common/evaluate.h"
 #include "common/finetune.h"
 #include "common/progress.h"
-#include "quant/tensor_codec.h"
 
 namespace amaq::client {
 namespace {
@@ -28,15 +27,19 @@ std::vector<int32_t> Flat(const torch::Tensor& t) {
 }  // namespace
 
 template <typename F>
-auto SplitClient::RetryWhileUnavailable(const std::string& what, F attempt) -> decltype(attempt()) {
+auto SplitClient::RetryTransient(const std::string& what, F attempt) -> decltype(attempt()) {
+  constexpr int kSlowDownRetries = 5;  // 0.5 + 1 + 2 + 4 + 8 s: above any rate limit of >= 0.1 steps/s
   const auto started = Clock::now();
   double backoff = 0.5;
+  int slow_downs = 0;
   while (true) {
     try {
       return attempt();
     } catch (const Error& e) {
       const double waited = std::chrono::duration<double>(Clock::now() - started).count();
-      if (e.code() != ErrorCode::kUnavailable || waited > options_.retry_seconds) throw;
+      const bool transient = (e.code() == ErrorCode::kUnavailable && waited <= options_.retry_seconds) ||
+                             (e.code() == ErrorCode::kResourceExhausted && ++slow_downs <= kSlowDownRetries);
+      if (!transient) throw;
       spdlog::warn("{}: {} (retrying in {:.1f} s)", what, e.what(), backoff);
       std::this_thread::sleep_for(std::chrono::duration<double>(backoff));
       backoff = std::min(backoff * 2, 10.0);
@@ -62,26 +65,17 @@ SplitClient::SplitClient(ClientOptions options, Dataset data, Transport& transpo
   if (!trainable.empty()) {
     optimizer_ = std::make_unique<torch::optim::AdamW>(trainable, torch::optim::AdamWOptions(options_.lr).weight_decay(0.0));
   }
-  if (method_.kind == quant::Method::Kind::kAmaq) {
-    quant::AmaqOptions a;
-    a.bmax = method_.bmax;
-    a.bmin = method_.bmin;
-    a.alpha = options_.amaq_alpha;
-    a.beta = options_.amaq_beta;
-    a.gate_lr = options_.amaq_gate_lr;
-    a.warmup_steps = options_.amaq_warmup;
-    if (method_.budget) {
-      a.budget = quant::BitBudgetOptions{*method_.budget, options_.steps, options_.amaq_warmup, options_.amaq_ramp_fraction};
-    }
-    a.uniform = method_.uniform;
-    amaq_ = std::make_unique<quant::AmaqQuantizer>(config_.hidden_size, a);
-  }
-  if (method_.kind == quant::Method::Kind::kAqsgd) {
-    aqsgd_options_.bits = method_.bits;
-    aqsgd_options_.cache_memory_bytes = options_.aqsgd_cache_bytes;
-    aqsgd_options_.spill_dir = options_.aqsgd_spill_dir;
-    aqsgd_ = std::make_unique<quant::AqsgdSender>(aqsgd_options_);
-  }
+  quant::CodecContext context;
+  context.channels = config_.hidden_size;
+  context.steps = options_.steps;
+  context.amaq_alpha = options_.amaq_alpha;
+  context.amaq_beta = options_.amaq_beta;
+  context.amaq_gate_lr = options_.amaq_gate_lr;
+  context.amaq_warmup = options_.amaq_warmup;
+  context.amaq_ramp_fraction = options_.amaq_ramp_fraction;
+  context.cache_bytes = options_.aqsgd_cache_bytes;
+  context.spill_dir = options_.aqsgd_spill_dir;
+  codec_ = method_->MakeClientCodec(context);
   fingerprint_ = ModelFingerprint(options_.model_dir, options_.cut_layer);
   if (!options_.csv_path.empty()) {
     const bool fresh = !std::filesystem::exists(options_.csv_path) || std::filesystem::file_size(options_.csv_path) == 0;
@@ -97,9 +91,8 @@ SplitClient::SplitClient(ClientOptions options, Dataset data, Transport& transpo
 SplitClient::~SplitClient() = default;
 
 int64_t SplitClient::Join() {
-  const int64_t last = transport_.Join(JoinInfo{options_.client_id, fingerprint_, options_.cut_layer, method_.ToString()});
-  train_encoder_.Reset();
-  gradient_decoder_.Reset();
+  const int64_t last = transport_.Join(JoinInfo{options_.client_id, fingerprint_, options_.cut_layer, method_->ToString()});
+  codec_->Reset();
   return last + 1;
 }
 
@@ -117,57 +110,16 @@ Batch SplitClient::BatchFor(int64_t step) {
     examples.push_back(&data_.train[i]);
     ids.push_back(i);
   }
-  const bool fixed_shape = method_.kind == quant::Method::Kind::kAqsgd;
-  return encoder_->MakeBatch(examples, ids, true, fixed_shape ? options_.max_tokens : 0);
-}
-
-std::vector<uint8_t> SplitClient::EncodeActivation(const torch::Tensor& x, const Batch& b, torch::Tensor* upstream,
-                                                   quant::ByteCount* count, double* bits) {
-  quant::Encoded e;
-  pending_ = WireSpec{x.detach().to(torch::kCPU, torch::kFloat).contiguous(), method_.ActivationBits(),
-                      method_.ActivationOptions()};
-  switch (method_.kind) {
-    case quant::Method::Kind::kAmaq:
-      pending_.bits = amaq_->IntegerBits(x.size(0));
-      pending_.options = amaq_->WireOptions();
-      *upstream = amaq_->Quantize(x, train_encoder_, &e);
-      break;
-    case quant::Method::Kind::kAqsgd: {
-      const torch::Tensor cpu = x.detach().to(torch::kCPU, torch::kFloat).contiguous();
-      e = aqsgd_->Encode(cpu.data_ptr<float>(), b.sample_ids, b.ids.size(1), x.size(1));
-      *upstream = x;
-      break;
-    }
-    default:
-      e = quant::EncodeTensor(train_encoder_, x, method_.ActivationBits(), method_.ActivationOptions());
-      *upstream = x;
-  }
-  *count = e.count;
-  *bits = e.average_bits;
-  return std::move(e.bytes);
-}
-
-std::vector<uint8_t> SplitClient::EncodeForEvaluation(const torch::Tensor& x) {
-  quant::EncodeOptions o = method_.ActivationOptions();
-  quant::BitsTable bits = method_.ActivationBits();
-  if (method_.kind == quant::Method::Kind::kAmaq) {
-    bits = amaq_->IntegerBits(x.size(0));
-  } else if (method_.kind == quant::Method::Kind::kAqsgd) {
-    o.scheme = quant::Scheme::kBFloat16;  // evaluation samples have no AQ-SGD history
-  }
-  quant::Encoder stateless;  // evaluation messages always carry their bits table
-  return quant::EncodeTensor(stateless, x, bits, o).bytes;
+  return encoder_->MakeBatch(examples, ids, true, codec_->fixed_tokens() ? options_.max_tokens : 0);
 }
 
 StepResult SplitClient::Exchange(const StepInput& input) {
   StepInput attempt = input;
   bool retry = false;
-  return RetryWhileUnavailable("step " + std::to_string(input.step_id), [&] {
+  return RetryTransient("step " + std::to_string(input.step_id), [&] {
     if (retry) {
       Join();  // fresh codec streams on both sides: re-encode what referred to the old ones
-      if (method_.kind != quant::Method::Kind::kAqsgd && input.kind == StepKind::kTrain) {
-        attempt.activation = quant::EncodeTensor(train_encoder_, pending_.values, pending_.bits, pending_.options).bytes;
-      }
+      if (input.kind == StepKind::kTrain) attempt.activation = codec_->EncodeTrainingAgain();
     }
     retry = true;
     return transport_.Step(attempt);
@@ -194,7 +146,10 @@ StepRecord SplitClient::TrainStep(int64_t step) {
   input.mask = Flat(b.mask);
   input.labels = Flat(b.labels);
   auto mark = Clock::now();
-  input.activation = EncodeActivation(x, b, &upstream, &r.up, &r.average_bits);
+  quant::Encoded encoded = codec_->EncodeTraining(x, quant::SampleRows{b.ids.size(0), b.ids.size(1), b.sample_ids}, &upstream);
+  r.up = encoded.count;
+  r.average_bits = encoded.average_bits;
+  input.activation = std::move(encoded.bytes);
   r.encode_seconds = seconds_since(mark);
   mark = Clock::now();
   const StepResult result = Exchange(input);
@@ -202,21 +157,15 @@ StepRecord SplitClient::TrainStep(int64_t step) {
   r.network_seconds = std::max(0.0, seconds_since(mark) - result.server_seconds);
 
   mark = Clock::now();
-  quant::Decoded info;
-  const torch::Tensor gradient = quant::DecodeTensor(gradient_decoder_, result.gradient.data(), result.gradient.size(), &info);
+  const torch::Tensor gradient = codec_->DecodeGradient(result.gradient, rows, config_.hidden_size, &r.down);
   r.encode_seconds += seconds_since(mark);
   mark = Clock::now();
-  Require(gradient.size(0) == rows && gradient.size(1) == config_.hidden_size, ErrorCode::kDataLoss,
-          "the server's gradient has the wrong shape: the server and client disagree; rejoin");
   r.applied = step >= client_next_;
   if (r.applied && cut_statistics_) cut_statistics_->Add(x, gradient);
   if (r.applied) {
     if (optimizer_) optimizer_->zero_grad();
     if (upstream.requires_grad()) upstream.backward(gradient.to(upstream.scalar_type()));
-    if (amaq_) {
-      amaq_->Regularizer().backward();
-      amaq_->Step();
-    }
+    codec_->Step();
     if (optimizer_) {
       if (options_.max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(part_->TrainableParameters(), options_.max_grad_norm);
       optimizer_->step();
@@ -225,7 +174,6 @@ StepRecord SplitClient::TrainStep(int64_t step) {
   }
   r.client_seconds += seconds_since(mark);
   r.loss = result.loss;
-  r.down = info.count;
   r.wire_up = transport_.bytes_up();
   r.wire_down = transport_.bytes_down();
   r.seconds = std::chrono::duration<double>(Clock::now() - started).count();
@@ -245,7 +193,7 @@ double SplitClient::Evaluate() {
     input.tokens = ids.size(1);
     input.mask = Flat(mask);
     input.labels = labels.defined() ? Flat(labels) : std::vector<int32_t>(static_cast<size_t>(rows), -100);
-    input.activation = EncodeForEvaluation(part_(ids, mask).reshape({rows, config_.hidden_size}));
+    input.activation = codec_->EncodeEvaluation(part_(ids, mask).reshape({rows, config_.hidden_size}));
     return Exchange(input);
   };
   const std::vector<Example> examples(data_.validation.begin(),
@@ -293,13 +241,13 @@ void SplitClient::SyncAdapters() {
   for (auto& [target, values] : averaged) target.copy_(values);  // all or nothing
 }
 
-std::vector<uint8_t> SplitClient::GateBits() const { return amaq_ ? amaq_->IntegerBits(amaq_->gates().size(0)).bits : std::vector<uint8_t>{}; }
+std::vector<uint8_t> SplitClient::GateBits() const { return codec_->GateBits(); }
 
 double SplitClient::average_bits() const { return records_.empty() ? 0 : records_.back().average_bits; }
 
 void SplitClient::WriteCsv(const StepRecord& r) {
   if (!csv_.is_open()) return;
-  csv_ << options_.client_id << ',' << method_.ToString() << ',' << r.step << ',' << r.wire_up << ',' << r.wire_down << ','
+  csv_ << options_.client_id << ',' << method_->ToString() << ',' << r.step << ',' << r.wire_up << ',' << r.wire_down << ','
        << r.up.payload << ',' << r.up.metadata << ',' << r.down.payload << ',' << r.down.metadata << ',' << r.loss << ','
        << r.average_bits << ',' << (r.metric ? std::to_string(*r.metric) : "") << ',' << r.seconds << ','
        << (r.applied ? 1 : 0) << '\n';
@@ -325,12 +273,7 @@ void SplitClient::SaveCheckpoint(int64_t next_step) {
     optimizer_->save(opt);
     archive.write("optimizer", opt);
   }
-  if (amaq_) {
-    archive.write("amaq.gates", amaq_->gates());
-    torch::serialize::OutputArchive opt;
-    amaq_->optimizer().save(opt);
-    archive.write("amaq.optimizer", opt);
-  }
+  codec_->Save(archive);
   std::ostringstream bytes;
   archive.save_to(bytes);
   WriteFileAtomically(options_.checkpoint_dir + "/" + options_.client_id + ".pt", bytes.str());
@@ -359,15 +302,7 @@ int64_t SplitClient::LoadCheckpoint() {
   }
   torch::Tensor next;
   archive.read("next_step", next);
-  if (amaq_) {
-    torch::Tensor gates;
-    archive.read("amaq.gates", gates);
-    amaq_->gates().copy_(gates);
-    torch::serialize::InputArchive opt;
-    archive.read("amaq.optimizer", opt);
-    amaq_->optimizer().load(opt);
-    amaq_->set_step(next.item<int64_t>());
-  }
+  codec_->Load(archive, next.item<int64_t>());
   spdlog::info("client {}: restored its checkpoint of step {}", options_.client_id, next.item<int64_t>());
   return next.item<int64_t>();
 }
@@ -378,7 +313,7 @@ double SplitClient::Run() {
   // Resume at the earlier of the two sides: steps the server applied after this client's
   // checkpoint are replayed for the client only, steps the client applied after the server's
   // checkpoint are replayed for the server only (TrainStep, SplitServer::Step).
-  const int64_t server_next = RetryWhileUnavailable("client " + options_.client_id, [this] { return Join(); });
+  const int64_t server_next = RetryTransient("client " + options_.client_id, [this] { return Join(); });
   int64_t step = std::min(client_next_, server_next);
   if (step > 0 || server_next > 0) {
     spdlog::info("client {}: the server has applied {} steps, this client {}; continuing at step {}", options_.client_id,
@@ -396,8 +331,8 @@ double SplitClient::Run() {
       // rejoin, start the sender's cache afresh, and continue from the server's step counter.
       if (e.code() != ErrorCode::kFailedPrecondition || ++refusals > 3) throw;
       spdlog::warn("client {}: {}; rejoining", options_.client_id, e.what());
-      if (aqsgd_) aqsgd_ = std::make_unique<quant::AqsgdSender>(aqsgd_options_);
-      step = RetryWhileUnavailable("client " + options_.client_id, [this] { return Join(); }) - 1;
+      codec_->ForgetHistory();
+      step = RetryTransient("client " + options_.client_id, [this] { return Join(); }) - 1;
       continue;
     }
     char fields[128];

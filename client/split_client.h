@@ -28,9 +28,7 @@
 #include "common/finetune.h"
 #include "common/lora.h"
 #include "common/model.h"
-#include "quant/amaq.h"
-#include "quant/aqsgd.h"
-#include "quant/codec.h"
+#include "quant/cut_codec.h"
 #include "quant/method.h"
 
 namespace amaq::client {
@@ -82,6 +80,7 @@ struct StepRecord {
 class SplitClient {
  public:
   // `data` holds this client's training examples and the validation examples it evaluates on.
+  // `transport` must outlive this client.
   SplitClient(ClientOptions options, Dataset data, Transport& transport);
   ~SplitClient();
 
@@ -115,13 +114,11 @@ class SplitClient {
   // resumed or rejoined client goes back to an earlier step).
   std::unique_ptr<ExampleOrder> order_;
   int64_t order_step_ = 0;
-  std::vector<uint8_t> EncodeActivation(const torch::Tensor& x, const Batch& b, torch::Tensor* upstream,
-                                        quant::ByteCount* count, double* bits);
-  std::vector<uint8_t> EncodeForEvaluation(const torch::Tensor& x);
-  // Calls `attempt` until it succeeds; a broken link (amaq::Error kUnavailable) is retried with
-  // exponential backoff for up to retry_seconds, other errors pass through.
+  // Calls `attempt` until it succeeds, with exponential backoff: a broken link (amaq::Error
+  // kUnavailable) for up to retry_seconds, a server asking to slow down (kResourceExhausted: its
+  // rate limit, or a size limit that retries cannot cure) five times; other errors pass through.
   template <typename F>
-  auto RetryWhileUnavailable(const std::string& what, F attempt) -> decltype(attempt());
+  auto RetryTransient(const std::string& what, F attempt) -> decltype(attempt());
   StepResult Exchange(const StepInput& input);
   void WriteCsv(const StepRecord& r);
   void SaveCheckpoint(int64_t next_step);
@@ -132,25 +129,13 @@ class SplitClient {
   ClientOptions options_;
   Dataset data_;
   Transport& transport_;
-  quant::Method method_;
+  std::unique_ptr<quant::Method> method_;
   ModelConfig config_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<ExampleEncoder> encoder_;
   ModelPart part_{nullptr};
   std::unique_ptr<torch::optim::AdamW> optimizer_;
-  std::unique_ptr<quant::AmaqQuantizer> amaq_;
-  quant::AqsgdOptions aqsgd_options_;
-  std::unique_ptr<quant::AqsgdSender> aqsgd_;
-  // What the pending training activation was encoded from, to encode it again on a fresh stream
-  // after a reconnect (AQ-SGD frames are self-contained and are resent as they are).
-  struct WireSpec {
-    torch::Tensor values;  // fp32, CPU, [rows, hidden]
-    quant::BitsTable bits;
-    quant::EncodeOptions options;
-  };
-  WireSpec pending_;
-  quant::Encoder train_encoder_;
-  quant::Decoder gradient_decoder_;
+  std::unique_ptr<quant::ClientCodec> codec_;  // the method's half at this end of the cut
   std::string fingerprint_;
   std::vector<StepRecord> records_;
   std::ofstream csv_;

@@ -7,45 +7,62 @@
 //   amaq:budget=<bits>[:uniform]                AMAQ allocated to a target average (docs/amaq.md);
 //                                               uniform: every channel one width on the same
 //                                               schedule, no learned allocation (the control)
-//   <quantized method>:grad=<bits>              its gradients go back at a fixed width per channel
 //   aqsgd:<bits>                                AQ-SGD with <bits>-bit deltas (gradients 8-bit)
+//   <quantized method>:grad=<bits>              its gradients go back at a fixed width per channel
 //
-// Both sides derive their codec options from it: the activation's on the client, the gradient's
-// on the server (AMAQ: the activation message's own per-channel widths, with the gradient's own
-// scales; fixed: the same bits and granularity; AQ-SGD: 8-bit per channel; floats: the same cast).
+// A Method is the parsed, immutable name; it makes the codecs of both sides (quant/cut_codec.h).
+// Each method is one file pair in quant/methods/ and one line of the table in method.cc: adding
+// one touches nothing else.
 #pragma once
 
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
-#include "quant/bits_table.h"
-#include "quant/codec.h"
+#include "quant/cut_codec.h"
 
 namespace amaq::quant {
 
-struct Method {
-  enum class Kind { kFloat, kFixed, kAmaq, kAqsgd };
-  Kind kind = Kind::kFloat;
-  Scheme float_scheme = Scheme::kFloat32;  // kFloat
-  int bits = 8;                            // kFixed, kAqsgd (delta bits)
-  Granularity granularity = Granularity::kChannel;  // kFixed
-  int group_size = 128;                    // kFixed with kGroup
-  double bmax = 8, bmin = 3;               // kAmaq
-  std::optional<double> budget;            // kAmaq
-  bool uniform = false;                    // kAmaq with a budget
-  std::optional<int> gradient_bits;        // not kFloat: fixed gradient width instead of the method's
+class Method {
+ public:
+  virtual ~Method() = default;
 
-  // Throws amaq::Error (kInvalidArgument) saying which forms are allowed.
-  static Method Parse(const std::string& text);
-  std::string ToString() const;
+  // Parses a method name. Throws amaq::Error (kInvalidArgument) listing the allowed forms.
+  static std::unique_ptr<Method> Parse(const std::string& text);
 
-  // Codec options and widths of an activation of `cols` channels (not AMAQ: its widths are
-  // learned; not AQ-SGD: its frames are made by AqsgdSender).
-  EncodeOptions ActivationOptions() const;
-  BitsTable ActivationBits() const;
-  // Codec options and widths of the gradient that answers an activation decoded as `activation`.
-  EncodeOptions GradientOptions(const Decoded& activation) const;
-  BitsTable GradientBits(const Decoded& activation) const;
+  // The canonical name: Parse(ToString()) gives an equal method.
+  virtual std::string ToString() const = 0;
+  virtual std::unique_ptr<ClientCodec> MakeClientCodec(const CodecContext& context) const = 0;
+  virtual std::unique_ptr<ServerCodec> MakeServerCodec(const CodecContext& context) const = 0;
+  // The average width the method aims at once trained (a budget), when it has one.
+  virtual std::optional<double> target_bits() const { return std::nullopt; }
 };
+
+// A method name split for its parser: "fixed:4:group:grad=8" has name "fixed", arguments
+// {"4", "group"} and gradient_bits 8.
+struct MethodName {
+  std::string text;                  // the whole name, for messages
+  std::string name;
+  std::vector<std::string> arguments;
+  std::optional<int> gradient_bits;  // a trailing :grad=<bits>
+
+  // Throws amaq::Error (kInvalidArgument) saying what was wrong with `text` and the allowed forms.
+  [[noreturn]] void Refuse(const std::string& why) const;
+  double Number(const std::string& argument) const;
+  // An integer in [low, 8].
+  int Bits(const std::string& argument, int low) const;
+};
+
+// ":grad=<bits>" or "": how a method's ToString() ends.
+std::string GradientSuffix(std::optional<int> gradient_bits);
+
+// A method's parser: the method, or amaq::Error (kInvalidArgument) through name.Refuse.
+using MethodParser = std::function<std::unique_ptr<Method>(const MethodName& name)>;
+
+// Makes `parser` answer for methods called `name` (tests add their own methods this way). Not
+// thread-safe: register before any Parse runs concurrently.
+void RegisterMethod(const std::string& name, MethodParser parser);
 
 }  // namespace amaq::quant

@@ -1,12 +1,12 @@
 #include "server/grpc_service.h"
 
-#include <malloc.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <random>
 
 #include "common/error.h"
+#include "proto/grpc_status.h"
 #include "proto/step_messages.h"
 
 namespace amaq::server {
@@ -15,35 +15,13 @@ namespace {
 using amaq::v1::StepReply;
 using amaq::v1::StepRequest;
 
-grpc::StatusCode CodeOf(ErrorCode code) {
-  switch (code) {
-    case ErrorCode::kInvalidArgument: return grpc::StatusCode::INVALID_ARGUMENT;
-    case ErrorCode::kDataLoss: return grpc::StatusCode::DATA_LOSS;
-    case ErrorCode::kNotFound: return grpc::StatusCode::NOT_FOUND;
-    case ErrorCode::kFailedPrecondition: return grpc::StatusCode::FAILED_PRECONDITION;
-    case ErrorCode::kResourceExhausted: return grpc::StatusCode::RESOURCE_EXHAUSTED;
-    case ErrorCode::kUnauthenticated: return grpc::StatusCode::UNAUTHENTICATED;
-    case ErrorCode::kUnavailable: return grpc::StatusCode::UNAVAILABLE;
-    case ErrorCode::kInternal: return grpc::StatusCode::INTERNAL;
-  }
-  return grpc::StatusCode::UNKNOWN;
-}
-
-// Large buffers (a big step's activation, its reply, a refused step's chunks) go back to the
-// system when they are freed, so that a spike does not stay in the server's resident memory:
-// glibc keeps freed memory in its arenas otherwise.
-constexpr size_t kTrimAfterBytes = size_t{8} << 20;
-
-void ReturnMemoryAfter(size_t freed_bytes) {
-  if (freed_bytes >= kTrimAfterBytes) malloc_trim(0);
-}
-
-// One client's step stream: reassembles request chunks, computes on the service's worker, and
-// writes the reply in chunks, one step after another. gRPC calls its methods from its own threads,
-// and the watchdog or a newer stream of the same client may end it from another: every operation
-// on the stream takes mutex_. A stream is never finished while its step is on the compute queue
-// (the queued task holds `this`): an end asked for meanwhile is carried out when the step is done.
-class StepsReactor : public grpc::ServerBidiReactor<StepRequest, StepReply>, public WatchedStream {
+// One client's step stream: reassembles request chunks, submits each step to the service's
+// StepWorker, and writes the reply in chunks, one step after another. gRPC calls its methods from
+// its own threads, the worker from its thread, and the watchdog or a newer stream of the same
+// client may end it from another: every operation on the stream takes mutex_. A stream is never
+// finished while its step is queued (the queued step points at it): an end asked for meanwhile is
+// carried out when the step is done.
+class StepsReactor : public grpc::ServerBidiReactor<StepRequest, StepReply>, public WatchedStream, public StepSink {
  public:
   StepsReactor(SplitTrainingService& service, std::string client, std::string token)
       : service_(service), client_(std::move(client)), token_(std::move(token)), assembler_(service.limits()) {
@@ -77,8 +55,7 @@ class StepsReactor : public grpc::ServerBidiReactor<StepRequest, StepReply>, pub
       if (finished_) return;
       Progress(Phase::kComputing);
     }
-    input_ = assembler_.Take();
-    service_.Post([this] { Compute(); });
+    service_.worker().Submit(QueuedStep{client_, assembler_.Take(), this});
   }
 
   void OnWriteDone(bool ok) override {
@@ -122,23 +99,15 @@ class StepsReactor : public grpc::ServerBidiReactor<StepRequest, StepReply>, pub
     phase_ = phase;
   }
 
-  void Compute() {
-    StepResult result;
-    try {
-      result = service_.server().Step(client_, input_);
-    } catch (const std::exception& e) {
-      spdlog::warn("client {}: step {} refused: {}", client_, input_.step_id, e.what());
-      const size_t activation_bytes = input_.activation.size();
-      input_.activation = {};
-      ReturnMemoryAfter(activation_bytes);
-      Progress(Phase::kIdle);
-      return End(ToStatus(e));
-    }
+  void StepFailed(int64_t step_id, const std::exception& e) override {
+    spdlog::warn("client {}: step {} refused: {}", client_, step_id, e.what());
+    Progress(Phase::kIdle);
+    End(ToStatus(e));
+  }
+
+  void StepDone(StepResult result) override {
     replies_ = StepReplies(result, static_cast<size_t>(service_.options().max_chunk_bytes));
     for (const StepReply& reply : replies_) service_.CountTraffic(client_, 0, reply.ByteSizeLong());
-    const size_t activation_bytes = input_.activation.size();
-    input_.activation = {};
-    ReturnMemoryAfter(activation_bytes);
     next_reply_ = 0;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -166,7 +135,7 @@ class StepsReactor : public grpc::ServerBidiReactor<StepRequest, StepReply>, pub
 
   void End(const grpc::Status& status) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (phase_ == Phase::kComputing) {  // the compute queue holds `this`: end when the step is done
+    if (phase_ == Phase::kComputing) {  // the queued step points at `this`: end when it is done
       if (!deferred_end_) deferred_end_ = status;
       return;
     }
@@ -185,7 +154,6 @@ class StepsReactor : public grpc::ServerBidiReactor<StepRequest, StepReply>, pub
   std::string token_;  // checked again before every step: a revocation ends the stream
   StepAssembler assembler_;
   StepRequest request_;
-  StepInput input_;
   std::vector<StepReply> replies_;
   size_t next_reply_ = 0;
   std::atomic<Phase> phase_{Phase::kIdle};
@@ -207,7 +175,7 @@ grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* context, const grpc:
 }  // namespace
 
 grpc::Status ToStatus(const std::exception& e) {
-  if (const auto* error = dynamic_cast<const Error*>(&e)) return grpc::Status(CodeOf(error->code()), Excerpt(error->what(), 2048));
+  if (const auto* error = dynamic_cast<const Error*>(&e)) return grpc::Status(StatusCodeOf(error->code()), Excerpt(error->what(), 2048));
   // Anything else is a bug or a library's failure (LibTorch's carry stack traces): it stays in the
   // server's log, and the client gets an id to quote.
   const std::string id = fmt::format("{:016x}", (uint64_t{std::random_device{}()} << 32) | std::random_device{}());
@@ -238,22 +206,9 @@ SplitTrainingService::SplitTrainingService(SplitServer& server, TokenStore& toke
     std::unique_lock<std::recursive_mutex> lock(watch_mutex_);
     while (!watch_stop_.wait_for(lock, period, [this] { return stopping_watch_; })) {
       const std::set<WatchedStream*> watched = streams_;  // CheckStall may unwatch a stream
-    for (WatchedStream* stream : watched) {
-      if (streams_.count(stream)) stream->CheckStall(std::chrono::steady_clock::now(), timeout);
-    }
-    }
-  });
-  worker_ = std::thread([this] {
-    while (true) {
-      std::function<void()> task;
-      {
-        std::unique_lock<std::mutex> lock(queue_mutex_);
-        queue_ready_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-        if (queue_.empty()) return;
-        task = std::move(queue_.front());
-        queue_.pop_front();
+      for (WatchedStream* stream : watched) {
+        if (streams_.count(stream)) stream->CheckStall(std::chrono::steady_clock::now(), timeout);
       }
-      task();
     }
   });
 }
@@ -265,20 +220,6 @@ SplitTrainingService::~SplitTrainingService() {
   }
   watch_stop_.notify_all();
   watchdog_.join();
-  {
-    std::lock_guard<std::mutex> lock(queue_mutex_);
-    stopping_ = true;
-  }
-  queue_ready_.notify_all();
-  worker_.join();
-}
-
-void SplitTrainingService::Post(std::function<void()> fn) {
-  {
-    std::lock_guard<std::mutex> lock(queue_mutex_);
-    queue_.push_back(std::move(fn));
-  }
-  queue_ready_.notify_one();
 }
 
 void SplitTrainingService::Watch(WatchedStream* stream, const std::string& client) {

@@ -2,8 +2,8 @@
 //
 // Every call is authenticated first (TokenStore); a Join binds the token's client id to a session.
 // Steps is one bidirectional stream per client: request chunks are reassembled by a StepAssembler
-// (chunk counts, chunk sizes and the bytes of one step are bounded), complete steps go to a compute
-// queue served by one worker thread (the model is shared), and replies are written back in chunks.
+// (chunk counts, chunk sizes and the bytes of one step are bounded), complete steps go to the
+// StepWorker's queue (server/step_worker.h), and replies are written back in chunks.
 // A malformed step ends that client's stream with the error's status (the client reconnects);
 // other clients are not affected. A client has one step stream at a time: a new one ends the
 // older (ABORTED), so the memory one client can hold is one partial step. A stream that stalls in
@@ -17,8 +17,6 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <deque>
-#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -28,6 +26,7 @@
 #include "amaq/v1/split_training.grpc.pb.h"
 #include "server/split_server.h"
 #include "server/step_assembler.h"
+#include "server/step_worker.h"
 #include "server/token_store.h"
 
 namespace amaq::server {
@@ -57,6 +56,7 @@ struct Traffic {
 
 class SplitTrainingService final : public amaq::v1::SplitTraining::CallbackService {
  public:
+  // `server` and `tokens` must outlive the service.
   SplitTrainingService(SplitServer& server, TokenStore& tokens, ServiceOptions options);
   ~SplitTrainingService() override;
 
@@ -68,8 +68,7 @@ class SplitTrainingService final : public amaq::v1::SplitTraining::CallbackServi
   grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* context, const amaq::v1::StatusRequest* request,
                                    amaq::v1::StatusReply* reply) override;
 
-  // Runs fn on the compute thread.
-  void Post(std::function<void()> fn);
+  StepWorker& worker() { return worker_; }
   // Watches a client's stream; a stream of the same client watched before is superseded.
   void Watch(WatchedStream* stream, const std::string& client);
   void Unwatch(WatchedStream* stream);
@@ -101,11 +100,6 @@ class SplitTrainingService final : public amaq::v1::SplitTraining::CallbackServi
   StepLimits limits_;
   mutable std::mutex traffic_mutex_;
   std::map<std::string, Traffic> traffic_;
-  std::mutex queue_mutex_;
-  std::condition_variable queue_ready_;
-  std::deque<std::function<void()>> queue_;
-  bool stopping_ = false;
-  std::thread worker_;
   // Recursive: a stream the watchdog ends may be unwatched (OnDone) on the watchdog's own thread.
   mutable std::recursive_mutex watch_mutex_;
   std::condition_variable_any watch_stop_;
@@ -113,6 +107,7 @@ class SplitTrainingService final : public amaq::v1::SplitTraining::CallbackServi
   std::map<std::string, WatchedStream*> stream_of_;  // the one open step stream of each client
   bool stopping_watch_ = false;
   std::thread watchdog_;
+  StepWorker worker_{server_};  // destroyed first: runs the steps still queued, then stops
 };
 
 // amaq::Error codes map one to one onto gRPC status codes (messages cut to 2 KiB); any other

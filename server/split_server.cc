@@ -24,23 +24,16 @@ struct SplitServer::LoraState {
 
 struct SplitServer::Session {
   std::string client_id;
-  std::string method_text;
-  quant::Method method;
-  quant::Decoder decoder;                // activation stream of training steps
-  quant::Encoder encoder;                // gradient stream
-  std::unique_ptr<quant::AqsgdReceiver> aqsgd;
-  std::unique_ptr<LoraState> own;        // per-client LoRA (null when shared)
+  std::string method_text;                  // canonical; empty until the first Join
+  std::unique_ptr<quant::ServerCodec> codec;
+  std::unique_ptr<LoraState> own;           // per-client LoRA (null when shared)
   int64_t last_applied = -1;
   // The answer to the last applied step, kept to answer a retry of it: the reply, and the raw
-  // gradient with its codec settings, encoded again on the current stream (a rejoined client's
-  // decoder does not know the old stream's bits table).
+  // gradient, encoded again on the current stream (a rejoined client's decoder does not know the
+  // old stream's bits table).
   std::optional<StepResult> last_reply;
-  torch::Tensor last_gradient;
-  quant::BitsTable last_gradient_bits;
-  quant::EncodeOptions last_gradient_options;
-  quant::BitsTable last_decoded_bits;  // of the training activation being answered
-  std::chrono::steady_clock::time_point last_step_at{};
-  quant::Granularity last_decoded_granularity = quant::Granularity::kChannel;
+  torch::Tensor last_gradient;              // fp32, CPU, [rows, hidden]
+  Clock::time_point last_step_at{};         // of the last applied TRAIN step
   ClientStats stats;
 };
 
@@ -132,7 +125,8 @@ int64_t SplitServer::Join(const std::string& client_id, const std::string& finge
               "): give both sides the same base model directory");
   Require(method.size() <= 256, ErrorCode::kInvalidArgument,
           "method name of " + std::to_string(method.size()) + " characters: use a method of docs/amaq.md");
-  const quant::Method parsed = quant::Method::Parse(method);
+  const std::unique_ptr<quant::Method> parsed = quant::Method::Parse(method);
+  const std::string canonical = parsed->ToString();
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = sessions_.find(client_id);
   if (it == sessions_.end()) {
@@ -142,21 +136,12 @@ int64_t SplitServer::Join(const std::string& client_id, const std::string& finge
     it = sessions_.emplace(client_id, std::move(session)).first;
   }
   Session& s = *it->second;
-  Require(s.method_text.empty() || s.method_text == parsed.ToString(), ErrorCode::kInvalidArgument,
-          "client " + client_id + " trained with method " + s.method_text + " and now asks for " + parsed.ToString() +
+  Require(s.method_text.empty() || s.method_text == canonical, ErrorCode::kInvalidArgument,
+          "client " + client_id + " trained with method " + s.method_text + " and now asks for " + canonical +
               ": keep the method, or use a new client_id");
-  s.method = parsed;
-  s.method_text = parsed.ToString();
-  // A (re)joining client starts fresh codec streams; AQ-SGD caches survive reconnects.
-  s.decoder.Reset();
-  s.encoder.Reset();
-  if (parsed.kind == quant::Method::Kind::kAqsgd && !s.aqsgd) {
-    quant::AqsgdOptions a;
-    a.bits = parsed.bits;
-    a.cache_memory_bytes = options_.aqsgd_cache_bytes;
-    a.spill_dir = options_.aqsgd_spill_dir.empty() ? "" : options_.aqsgd_spill_dir + "/" + client_id;
-    s.aqsgd = std::make_unique<quant::AqsgdReceiver>(a);
-  }
+  if (!s.codec) s.codec = parsed->MakeServerCodec(CodecContextFor(client_id));
+  s.method_text = canonical;
+  s.codec->Reset();  // a (re)joining client starts fresh codec streams; AQ-SGD caches survive
   spdlog::info("client {} joined: method {}, last applied step {}", client_id, s.method_text, s.last_applied);
   return s.last_applied;
 }
@@ -168,126 +153,137 @@ SplitServer::Session& SplitServer::SessionOf(const std::string& client_id) {
   return *it->second;
 }
 
-torch::Tensor SplitServer::Decode(Session& s, const StepInput& in) {
-  const int64_t rows = in.batch * in.tokens;
-  std::vector<float> values;
-  double average_bits = 0;
-  if (s.method.kind == quant::Method::Kind::kAqsgd && in.kind == StepKind::kTrain) {
-    Require(static_cast<int64_t>(in.sample_ids.size()) == in.batch, ErrorCode::kInvalidArgument,
-            "AQ-SGD steps need one sample id per sequence");
-    quant::AqsgdDecoded d = s.aqsgd->Decode(in.activation.data(), in.activation.size(),
-                                            /*expected_rows_per_sample=*/in.tokens, /*expected_cols=*/config_.hidden_size,
-                                            /*expected_samples=*/in.batch);
-    Require(d.ids == in.sample_ids, ErrorCode::kInvalidArgument,
-            "the AQ-SGD frame's sample ids differ from the step's");
-    values = std::move(d.values);
-    s.stats.activation_bytes += d.count.total();
-  } else {
-    quant::Decoder stateless;  // evaluation messages carry their own bits tables
-    quant::Decoder& decoder = in.kind == StepKind::kTrain ? s.decoder : stateless;
-    quant::Decoded d;
-    decoder.Decode(in.activation.data(), in.activation.size(), &d, quant::ExpectedShape{rows, config_.hidden_size});
-    average_bits = d.bits.bits.empty() ? (d.scheme == quant::Scheme::kFloat32 ? 32 : 16) : d.bits.AverageBits(d.rows, d.cols);
-    values = std::move(d.values);
-    s.stats.activation_bytes += d.count.total();
-    if (in.kind == StepKind::kTrain) {
-      s.stats.average_bits = average_bits;
-      s.last_decoded_bits = d.bits;
-      s.last_decoded_granularity = d.granularity;
-    }
-  }
-  auto* owned = new std::vector<float>(std::move(values));
-  return torch::from_blob(owned->data(), {in.batch, in.tokens, config_.hidden_size},
-                          [owned](void*) { delete owned; }, torch::kFloat);
+quant::CodecContext SplitServer::CodecContextFor(const std::string& client_id) const {
+  quant::CodecContext context;
+  context.channels = config_.hidden_size;
+  context.cache_bytes = options_.aqsgd_cache_bytes;
+  context.spill_dir = options_.aqsgd_spill_dir.empty() ? "" : options_.aqsgd_spill_dir + "/" + client_id;
+  return context;
 }
 
 StepResult SplitServer::Step(const std::string& client_id, const StepInput& in) {
   std::lock_guard<std::mutex> lock(mutex_);
-  const auto started = std::chrono::steady_clock::now();
+  const auto started = Clock::now();
   Session& s = SessionOf(client_id);
   CheckStepFields(in, step_limits());
-  const int64_t n = in.batch * in.tokens;
-  if (options_.max_steps_per_second > 0 && in.kind == StepKind::kTrain) {
-    const double since = std::chrono::duration<double>(started - s.last_step_at).count();
+  if (std::optional<StepResult> stored = AnswerRetry(s, in)) return *stored;
+  const bool replay = Admit(s, in, started);
+  double average_bits = 0;
+  const torch::Tensor activation = Decode(s, in, &average_bits);
+  if (in.kind != StepKind::kTrain) return Evaluate(s, in, activation);
+  torch::Tensor gradient;
+  StepResult result = Train(s, in, activation, replay, &gradient);
+  result.server_seconds = std::chrono::duration<double>(Clock::now() - started).count();
+  s.stats.gradient_bytes += result.gradient.size();  // sent, applied or not
+  if (!replay) Commit(s, in, result, std::move(gradient), average_bits, started);
+  return result;
+}
+
+std::optional<StepResult> SplitServer::AnswerRetry(Session& s, const StepInput& in) {
+  if (in.kind != StepKind::kTrain || in.step_id != s.last_applied || !s.last_reply || s.last_reply->step_id != in.step_id) {
+    return std::nullopt;
+  }
+  StepResult again = *s.last_reply;
+  const torch::Tensor& g = s.last_gradient;
+  again.gradient = s.codec->EncodeGradient(g.data_ptr<float>(), g.size(0), g.size(1)).bytes;
+  s.stats.gradient_bytes += again.gradient.size();
+  return again;
+}
+
+bool SplitServer::Admit(const Session& s, const StepInput& in, Clock::time_point now) const {
+  if (in.kind != StepKind::kTrain) return false;
+  Require(in.step_id <= s.last_applied + 1, ErrorCode::kFailedPrecondition,
+          "client " + s.client_id + " sent step " + std::to_string(in.step_id) + " but the server applied up to " +
+              std::to_string(s.last_applied) + ": resume from step " + std::to_string(s.last_applied + 1));
+  if (options_.max_steps_per_second > 0 && s.last_applied >= 0) {
+    const double since = std::chrono::duration<double>(now - s.last_step_at).count();
     Require(since >= 1.0 / options_.max_steps_per_second, ErrorCode::kResourceExhausted,
-            "client " + client_id + " exceeds the server's limit of " + std::to_string(options_.max_steps_per_second) +
-                " steps per second: slow down");
-    s.last_step_at = started;
+            "client " + s.client_id + " exceeds the server's limit of " + std::to_string(options_.max_steps_per_second) +
+                " steps per second: slow down (the step was not applied; send it again later)");
   }
-  bool duplicate = false;
-  if (in.kind == StepKind::kTrain) {
-    if (in.step_id == s.last_applied && s.last_reply && s.last_reply->step_id == in.step_id) {  // a retry
-      StepResult again = *s.last_reply;
-      again.gradient = s.encoder.Encode(s.last_gradient.data_ptr<float>(), s.last_gradient.size(0), s.last_gradient.size(1),
-                                        s.last_gradient_bits, s.last_gradient_options).bytes;
-      return again;
-    }
-    Require(in.step_id <= s.last_applied + 1, ErrorCode::kFailedPrecondition,
-            "client " + client_id + " sent step " + std::to_string(in.step_id) + " but the server applied up to " +
-                std::to_string(s.last_applied) + ": resume from step " + std::to_string(s.last_applied + 1));
-    duplicate = in.step_id <= s.last_applied;  // applied before a restart: answer, do not apply
-  }
+  return in.step_id <= s.last_applied;  // applied before a restart: answer, do not apply
+}
 
-  const torch::Tensor cpu_mask = torch::from_blob(const_cast<int32_t*>(in.mask.data()), {in.batch, in.tokens}, torch::kInt).to(torch::kLong);
-  const torch::Tensor cpu_labels = torch::from_blob(const_cast<int32_t*>(in.labels.data()), {in.batch, in.tokens}, torch::kInt).to(torch::kLong);
-  const torch::Tensor activation = Decode(s, in);
-  LoraState& lora = s.own ? *s.own : *shared_;
-  Activate(lora);
-  const torch::Tensor mask = cpu_mask.to(device_), labels = cpu_labels.to(device_);
-  const auto dtype = part_->lm_head.scalar_type();
+torch::Tensor SplitServer::Decode(Session& s, const StepInput& in, double* average_bits) {
+  const int64_t rows = in.batch * in.tokens;
+  quant::ServerCodec::Activation a =
+      in.kind == StepKind::kTrain
+          ? s.codec->DecodeTraining(in.activation.data(), in.activation.size(),
+                                    quant::SampleRows{in.batch, in.tokens, in.sample_ids}, config_.hidden_size)
+          : s.codec->DecodeEvaluation(in.activation.data(), in.activation.size(), rows, config_.hidden_size);
+  s.stats.activation_bytes += a.count.total();  // bytes received, refused or not
+  *average_bits = a.average_bits;
+  auto* owned = new std::vector<float>(std::move(a.values));
+  return torch::from_blob(owned->data(), {in.batch, in.tokens, config_.hidden_size},
+                          [owned](void*) { delete owned; }, torch::kFloat);
+}
 
+namespace {
+
+torch::Tensor StepTensor(const std::vector<int32_t>& values, const StepInput& in, torch::Device device) {
+  return torch::from_blob(const_cast<int32_t*>(values.data()), {in.batch, in.tokens}, torch::kInt).to(device, torch::kLong);
+}
+
+}  // namespace
+
+StepResult SplitServer::Evaluate(Session& s, const StepInput& in, const torch::Tensor& activation) {
+  torch::NoGradGuard no_grad;
+  Activate(s.own ? *s.own : *shared_);
+  part_->eval();
+  const torch::Tensor mask = StepTensor(in.mask, in, device_);
+  const torch::Tensor logits = part_(activation.to(device_, part_->lm_head.scalar_type()), mask);
   StepResult result;
   result.step_id = in.step_id;
-  result.duplicate = duplicate;
   result.average_bits = s.stats.average_bits;
-  if (in.kind != StepKind::kTrain) {
-    torch::NoGradGuard no_grad;
-    part_->eval();
-    const torch::Tensor logits = part_(activation.to(device_, dtype), mask);
-    if (in.kind == StepKind::kScore) {
-      const torch::Tensor scores = SequenceLogProbs(logits, labels, mask).to(torch::kCPU, torch::kFloat).contiguous();
-      result.scores.assign(scores.data_ptr<float>(), scores.data_ptr<float>() + scores.numel());
-    } else {
-      const torch::Tensor next = LastTokenArgmax(logits, mask).to(torch::kCPU).contiguous();
-      result.next_tokens.assign(next.data_ptr<int64_t>(), next.data_ptr<int64_t>() + next.numel());
-    }
-    return result;
+  if (in.kind == StepKind::kScore) {
+    const torch::Tensor labels = StepTensor(in.labels, in, device_);
+    const torch::Tensor scores = SequenceLogProbs(logits, labels, mask).to(torch::kCPU, torch::kFloat).contiguous();
+    result.scores.assign(scores.data_ptr<float>(), scores.data_ptr<float>() + scores.numel());
+  } else {
+    const torch::Tensor next = LastTokenArgmax(logits, mask).to(torch::kCPU).contiguous();
+    result.next_tokens.assign(next.data_ptr<int64_t>(), next.data_ptr<int64_t>() + next.numel());
   }
+  return result;
+}
 
+// Forward, loss, backward and the gradient's message (*gradient: its values). The LoRA and the
+// optimizer's state do not change here.
+StepResult SplitServer::Train(Session& s, const StepInput& in, const torch::Tensor& activation, bool replay,
+                              torch::Tensor* gradient) {
+  LoraState& lora = s.own ? *s.own : *shared_;
+  Activate(lora);
   part_->train();
-  const torch::Tensor x = activation.to(device_, dtype).detach().requires_grad_(true);
-  const torch::Tensor loss = NextTokenLoss(part_(x, mask), labels);
+  const torch::Tensor x = activation.to(device_, part_->lm_head.scalar_type()).detach().requires_grad_(true);
+  const torch::Tensor loss = NextTokenLoss(part_(x, StepTensor(in.mask, in, device_)), StepTensor(in.labels, in, device_));
+  StepResult result;
+  result.step_id = in.step_id;
+  result.duplicate = replay;
   result.loss = loss.item<float>();
   Require(std::isfinite(result.loss), ErrorCode::kInvalidArgument,
           "the loss of step " + std::to_string(in.step_id) + " is not finite: training diverged; lower the learning rates");
   lora.optimizer->zero_grad();
   loss.backward();
-  const torch::Tensor grad = x.grad().reshape({n, config_.hidden_size}).to(torch::kCPU, torch::kFloat).contiguous();
-  quant::Decoded shape;
-  shape.bits = s.last_decoded_bits;
-  shape.granularity = s.last_decoded_granularity;
-  const quant::BitsTable gradient_bits = s.method.GradientBits(shape);
-  const quant::EncodeOptions gradient_options = s.method.GradientOptions(shape);
-  const quant::Encoded encoded = s.encoder.Encode(grad.data_ptr<float>(), n, config_.hidden_size, gradient_bits, gradient_options);
-  if (!duplicate) {
-    if (options_.max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(lora_params_, options_.max_grad_norm);
-    lora.optimizer->step();
-  }
-  result.gradient = encoded.bytes;
-  s.stats.gradient_bytes += encoded.bytes.size();
+  *gradient = x.grad().reshape({in.batch * in.tokens, config_.hidden_size}).to(torch::kCPU, torch::kFloat).contiguous();
+  result.gradient = s.codec->EncodeGradient(gradient->data_ptr<float>(), gradient->size(0), gradient->size(1)).bytes;
+  return result;
+}
+
+// The step's update and everything that records it.
+void SplitServer::Commit(Session& s, const StepInput& in, const StepResult& result, torch::Tensor gradient,
+                         double average_bits, Clock::time_point started) {
+  LoraState& lora = s.own ? *s.own : *shared_;
+  if (options_.max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(lora_params_, options_.max_grad_norm);
+  lora.optimizer->step();
+  s.last_applied = in.step_id;
+  s.last_step_at = started;
+  s.last_reply = result;
+  s.last_reply->duplicate = true;  // what a retry of it gets
+  s.last_gradient = std::move(gradient);
+  ++s.stats.steps;
   s.stats.last_loss = result.loss;
-  s.stats.last_step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  result.server_seconds = s.stats.last_step_seconds;
-  if (!duplicate) {  // kept to answer a retry of this step; replays of older steps are not kept
-    s.last_applied = in.step_id;
-    ++s.stats.steps;
-    s.last_reply = result;
-    s.last_reply->duplicate = true;
-    s.last_gradient = grad;
-    s.last_gradient_bits = gradient_bits;
-    s.last_gradient_options = gradient_options;
-  }
-  if (!duplicate && ++applied_since_checkpoint_ >= options_.checkpoint_every) {
+  s.stats.average_bits = average_bits;
+  s.stats.last_step_seconds = result.server_seconds;
+  if (++applied_since_checkpoint_ >= options_.checkpoint_every) {
     // A failed periodic checkpoint (disk full, folder gone) must not fail the step that was just
     // applied: the previous checkpoint stays, the error is logged and counted, and the next step
     // tries again. Checkpoint() (at shutdown) does throw.
@@ -298,7 +294,6 @@ StepResult SplitServer::Step(const std::string& client_id, const StepInput& in) 
       spdlog::error("checkpoint failed (the previous one is intact; retrying after the next step): {}", e.what());
     }
   }
-  return result;
 }
 
 uint64_t SplitServer::adapter_bytes() const {
@@ -436,7 +431,7 @@ void SplitServer::LoadCheckpoint() {
     c10::IValue method;
     archive.read("client." + id + ".method", method);
     s->method_text = method.toStringRef();
-    s->method = quant::Method::Parse(s->method_text);
+    s->codec = quant::Method::Parse(s->method_text)->MakeServerCodec(CodecContextFor(id));
     torch::Tensor last;
     archive.read("client." + id + ".last_applied", last);
     s->last_applied = last.item<int64_t>();

@@ -1,18 +1,27 @@
 // SplitServer: the server's half of split training, independent of the network layer.
 //
 // It holds layers [cut, L), the final norm and the head of a Hugging Face model, with LoRA, on the
-// configured device. Each joined client has a session: its quantization method, its codec streams
-// (and AQ-SGD cache), its step counter and the reply of its last step; and either its own server
-// LoRA with its own optimizer or a share of one LoRA common to all clients. A TRAIN step decodes
-// the activation, runs forward, loss and backward, steps the optimizer, and encodes the gradient at
-// the cut; evaluation steps return scores or next tokens. Steps are applied once: a repeated step id
-// returns the stored reply; a gap is refused. Every malformed request throws amaq::Error before any
-// state changes. Steps run one at a time (one model, one device).
+// configured device. Each joined client has a session: its quantization method and the method's
+// server codec (quant/cut_codec.h: both codec streams, the AQ-SGD cache), its step counter and the
+// reply of its last step; and either its own server LoRA with its own optimizer or a share of one
+// LoRA common to all clients. A step runs in stages:
+//   admit    the fields are checked; a retry of the last applied step is answered from the stored
+//            reply; a gap in step ids is refused; a TRAIN step sooner than 1/max_steps_per_second
+//            after the client's last applied one is refused (kResourceExhausted: retry later);
+//   decode   the activation, by the session's codec (its streams advance with every message
+//            decoded, as the client's did when it encoded it);
+//   compute  evaluation steps: scores or next tokens; TRAIN: forward, loss (a loss that is not
+//            finite is refused), backward, the gradient encoded;
+//   commit   TRAIN: the optimizer steps, the step counter, statistics and stored reply move on.
+// A step refused at any stage leaves the LoRA, the optimizer, the step counter and the statistics
+// as they were (only the activation bytes it carried are counted as received). Steps are applied once: a repeated step id below the last one (a replay after the
+// server restarted) is answered but not applied. Steps run one at a time (one model, one device).
 #pragma once
 
 #include <torch/torch.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -24,9 +33,7 @@
 #include "common/lora.h"
 #include "common/model.h"
 #include "common/split_step.h"
-#include "quant/activation_cache.h"
-#include "quant/aqsgd.h"
-#include "quant/codec.h"
+#include "quant/cut_codec.h"
 #include "quant/method.h"
 
 namespace amaq::server {
@@ -96,8 +103,17 @@ class SplitServer {
  private:
   struct LoraState;
   struct Session;
+  using Clock = std::chrono::steady_clock;
   Session& SessionOf(const std::string& client_id);
-  torch::Tensor Decode(Session& s, const StepInput& in);
+  // The stages of Step (see the top of this file).
+  std::optional<StepResult> AnswerRetry(Session& s, const StepInput& in);
+  bool Admit(const Session& s, const StepInput& in, Clock::time_point now) const;  // true: a replay
+  torch::Tensor Decode(Session& s, const StepInput& in, double* average_bits);
+  StepResult Evaluate(Session& s, const StepInput& in, const torch::Tensor& activation);
+  StepResult Train(Session& s, const StepInput& in, const torch::Tensor& activation, bool replay, torch::Tensor* gradient);
+  void Commit(Session& s, const StepInput& in, const StepResult& result, torch::Tensor gradient, double average_bits,
+              Clock::time_point started);
+  quant::CodecContext CodecContextFor(const std::string& client_id) const;
   void Activate(LoraState& lora);
   std::unique_ptr<LoraState> NewLoraState();
   void LoadCheckpoint();

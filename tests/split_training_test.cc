@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "common/finetune.h"
 #include "quant/checksum.h"
+#include "quant/method.h"
 #include "server/split_server.h"
 #include "tiny_model.h"
 
@@ -72,7 +73,7 @@ TEST(SplitTraining, AmaqBudgetIsMetOverTheLastQuarter) {
     client::SplitClient client(ClientFor(dir, method, 40), testing::ParityDataset(48), transport);
     client.Run();
     const auto& r = client.records();
-    const double target = *quant::Method::Parse(method).budget;
+    const double target = *quant::Method::Parse(method)->target_bits();
     EXPECT_DOUBLE_EQ(r.front().average_bits, 8.0) << method;
     EXPECT_GT(r[10].average_bits, target + 1) << method << ": the descent is visible";
     double last_quarter = 0;
@@ -105,20 +106,79 @@ TEST(CutStatistics, AccumulatesPerChannelMomentsOverSteps) {
   EXPECT_THROW(stats.Add(torch::zeros({2, 2}), torch::zeros({3, 2})), Error);  // shapes differ
 }
 
+// Every method trains through the system, sends what it claims (the first step's average width),
+// and both sides count the same codec bytes: what the client's records say it sent and received
+// is what the server's statistics say it received and sent.
 TEST(SplitTraining, EveryMethodRunsAndCountsItsBytes) {
   const std::string dir = testing::TinyModelDir("methods");
-  for (const char* method : {"bf16", "fixed:4:channel", "fixed:3:group:16", "aqsgd:4", "amaq:budget=4"}) {
+  const std::pair<const char*, double> methods[] = {
+      {"bf16", 16}, {"fixed:4:channel", 4}, {"fixed:3:group:16", 3}, {"aqsgd:4", 16}, {"amaq:budget=4", 8}};
+  for (const auto& [method, first_bits] : methods) {
     server::SplitServer server(ServerFor(dir));
     client::LocalTransport transport(server);
     client::SplitClient client(ClientFor(dir, method, 12), testing::ParityDataset(16), transport);
-    const double metric = client.Run();
-    EXPECT_GE(metric, 0.0) << method;
-    uint64_t up = 0;
-    for (size_t i = 0; i + 1 < client.records().size(); ++i) up += client.records()[i].up.total();
-    EXPECT_GT(up, 0u) << method;
-    EXPECT_LE(up, transport.bytes_up()) << method;  // plus the evaluation messages
-    EXPECT_EQ(server.Stats().at("client-0").steps, 12) << method;
+    quant::ByteCount up, down;
+    for (int64_t step = client.Join(); step < 12; ++step) {
+      const client::StepRecord r = client.TrainStep(step);
+      up += r.up;
+      down += r.down;
+    }
+    EXPECT_DOUBLE_EQ(client.records().front().average_bits, first_bits) << method;
+    const server::ClientStats stats = server.Stats().at("client-0");
+    EXPECT_EQ(stats.steps, 12) << method;
+    EXPECT_EQ(stats.activation_bytes, up.total()) << method;
+    EXPECT_EQ(stats.gradient_bytes, down.total()) << method;
+    EXPECT_GT(transport.bytes_up(), up.total()) << method << ": the protocol's fields come on top";
+    const double metric = client.Evaluate();
+    EXPECT_TRUE(metric >= 0 && metric <= 1) << method << ": " << metric;
   }
+}
+
+// A method added by a test: its own class and one registration, and the system trains with it.
+TEST(SplitTraining, AMethodAddedByATestTrainsThroughTheSystem) {
+  class Fp16Both : public quant::Method {
+   public:
+    std::string ToString() const override { return "test-fp16"; }
+    std::unique_ptr<quant::ClientCodec> MakeClientCodec(const quant::CodecContext&) const override {
+      return std::make_unique<quant::PlainClientCodec>(Fp16(), quant::BitsTable{});
+    }
+    std::unique_ptr<quant::ServerCodec> MakeServerCodec(const quant::CodecContext&) const override {
+      struct Answer : quant::ServerCodec {
+        quant::GradientFormat GradientFor(const quant::Decoded&) const override { return {Fp16(), {}}; }
+      };
+      return std::make_unique<Answer>();
+    }
+    static quant::EncodeOptions Fp16() {
+      quant::EncodeOptions o;
+      o.scheme = quant::Scheme::kFloat16;
+      return o;
+    }
+  };
+  quant::RegisterMethod("test-fp16", [](const quant::MethodName&) -> std::unique_ptr<quant::Method> {
+    return std::make_unique<Fp16Both>();
+  });
+  const std::string dir = testing::TinyModelDir("toy-method");
+  server::SplitServer server(ServerFor(dir));
+  client::LocalTransport transport(server);
+  client::SplitClient client(ClientFor(dir, "test-fp16", 6), testing::ParityDataset(16), transport);
+  client.Run();
+  EXPECT_EQ(server.Stats().at("client-0").steps, 6);
+  const client::StepRecord& first = client.records().front();
+  EXPECT_EQ(first.average_bits, 16);
+  EXPECT_EQ(first.down.payload, first.up.payload) << "fp16 both ways: gradient and activation have one size";
+}
+
+// The server's rate limit slows a client down without ending its run: the client waits and sends
+// the refused step again (RESOURCE_EXHAUSTED is retried with backoff).
+TEST(SplitTraining, TheClientWaitsOutTheServersRateLimit) {
+  const std::string dir = testing::TinyModelDir("rate-limited");
+  server::ServerOptions o = ServerFor(dir);
+  o.max_steps_per_second = 4;
+  server::SplitServer server(o);
+  client::LocalTransport transport(server);
+  client::SplitClient client(ClientFor(dir, "bf16", 4), testing::ParityDataset(16), transport);
+  client.Run();
+  EXPECT_EQ(server.Stats().at("client-0").steps, 4);
 }
 
 // AMAQ against bf16 on the same short run, while AMAQ pushes the bits from 8 to 3: the margin
@@ -168,17 +228,39 @@ TEST(SplitTraining, CollaborativeModeAveragesClientAdapters) {
   EXPECT_THROW(server.AverageAdapters("stranger", ones, &clients), Error);
   EXPECT_THROW(server.AverageAdapters("a", {{"w", {{2}, {1.0f, 2.0f}}}}, &clients), Error) << "not the client layers' LoRA";
 
-  // Two clients through the whole path: after both synced, the second holds the mean of both.
+  // Two clients through the whole path: after both synced, the second holds the mean of what both
+  // uploaded (the first synced alone: it got its own back).
+  struct Recording : client::LocalTransport {
+    using client::LocalTransport::LocalTransport;
+    NamedFloats SyncAdapters(const NamedFloats& adapter) override {
+      uploads.push_back(adapter);
+      return client::LocalTransport::SyncAdapters(adapter);
+    }
+    std::vector<NamedFloats> uploads;
+  };
   server::SplitServer fresh(ServerFor(dir));
-  client::LocalTransport ta(fresh), tb(fresh);
+  Recording ta(fresh), tb(fresh);
   client::ClientOptions oa = testing::TinyClientOptions(dir, "a", "bf16", 4), ob = testing::TinyClientOptions(dir, "b", "bf16", 4);
   oa.sync_every = ob.sync_every = 4;
-  ob.seed = 8;  // different data order: different adapters before the sync
+  ob.seed = 8;  // another initialisation and data order: other adapters before the sync
   client::SplitClient ca(oa, testing::ParityDataset(16), ta), cb(ob, testing::ParityDataset(16), tb);
   ca.Run();
   cb.Run();
-  EXPECT_EQ(fresh.AverageAdapters("a", ca.Adapter(), &clients).size(), ones.size());
-  EXPECT_EQ(clients, 2);
+  ASSERT_EQ(ta.uploads.size(), 1u);
+  ASSERT_EQ(tb.uploads.size(), 1u);
+  const NamedFloats &ua = ta.uploads[0], &ub = tb.uploads[0];
+  ASSERT_EQ(ua.size(), ones.size());
+  bool differ = false;
+  for (const auto& [name, t] : cb.Adapter()) {
+    const std::vector<float>&a_values = ua.at(name).values, &b_values = ub.at(name).values;
+    ASSERT_EQ(t.values.size(), a_values.size()) << name;
+    for (size_t i = 0; i < t.values.size(); ++i) {
+      ASSERT_NEAR(t.values[i], (a_values[i] + b_values[i]) / 2, 1e-6) << name << "[" << i << "]";
+    }
+    differ = differ || a_values != b_values;
+  }
+  EXPECT_TRUE(differ) << "the clients' uploads must differ for the mean to show";
+  for (const auto& [name, t] : ca.Adapter()) EXPECT_EQ(t.values, ua.at(name).values) << name << ": alone, a keeps its own";
 }
 
 // A server (or a peer through it) that returns a non-finite average: the client refuses all of it
@@ -322,7 +404,7 @@ TEST_F(ServerGuards, RateLimitRefusesFastClients) {
   o.max_steps_per_second = 0.5;
   server::SplitServer limited(o);
   limited.Join("c", fingerprint_, 2, "fp32");
-  EXPECT_NO_THROW(limited.Step("c", Valid(0)));
+  const StepResult first = limited.Step("c", Valid(0));
   try {
     limited.Step("c", Valid(1));
     FAIL() << "expected RESOURCE_EXHAUSTED";
@@ -330,6 +412,66 @@ TEST_F(ServerGuards, RateLimitRefusesFastClients) {
     EXPECT_EQ(e.code(), ErrorCode::kResourceExhausted);
   }
   EXPECT_EQ(limited.Stats().at("c").steps, 1);
+  // A retry of the step just applied (its reply was lost, the client reconnected) applies nothing:
+  // it is answered from the stored reply, within the limit.
+  limited.Join("c", fingerprint_, 2, "fp32");
+  const StepResult again = limited.Step("c", Valid(0));
+  EXPECT_TRUE(again.duplicate);
+  EXPECT_EQ(again.gradient, first.gradient);
+}
+
+// Each refusal leaves the training state as it was: after all of them, the next step gives the
+// same loss and gradient, bit for bit, as on a twin server that never saw them (so the LoRA and the
+// optimizer's state are untouched), and the same counters.
+TEST_F(ServerGuards, RefusedStepsLeaveNoTrace) {
+  server::SplitServer twin(ServerFor(dir_));
+  twin.Join("c", fingerprint_, 2, "fp32");
+  server_->Step("c", Valid(0));
+  twin.Step("c", Valid(0));
+  std::vector<std::pair<std::string, StepInput>> refused;
+  refused.emplace_back("a gap in step ids", Valid(5));
+  refused.emplace_back("a label beyond the vocabulary", Valid(1));
+  refused.back().second.labels[1] = 999;
+  refused.emplace_back("a corrupted activation", Valid(1));
+  refused.back().second.activation[60] ^= 0xff;
+  refused.emplace_back("an activation of another shape", Valid(1));
+  {
+    std::vector<float> x(2 * 32, 0.1f);
+    quant::EncodeOptions o;
+    o.scheme = quant::Scheme::kFloat32;
+    refused.back().second.activation = quant::Encoder().Encode(x.data(), 2, 32, quant::BitsTable{}, o).bytes;
+  }
+  refused.emplace_back("an activation whose loss or gradient is not finite", Valid(1));
+  {
+    std::vector<float> x(4 * 32, 3e38f);
+    for (size_t i = 0; i < x.size(); i += 2) x[i] = -3e38f;
+    quant::EncodeOptions o;
+    o.scheme = quant::Scheme::kFloat32;
+    refused.back().second.activation = quant::Encoder().Encode(x.data(), 4, 32, quant::BitsTable{}, o).bytes;
+  }
+  const server::ClientStats before = server_->Stats().at("c");
+  std::string messages;
+  for (const auto& [what, in] : refused) {
+    try {
+      server_->Step("c", in);
+      ADD_FAILURE() << what << " was accepted";
+    } catch (const Error& e) {
+      messages += e.what() + std::string("\n");
+    }
+  }
+  // The last one passed decoding and went through forward and backward (its loss or its gradient
+  // is not finite): the stage that touches the optimizer's gradients.
+  EXPECT_NE(messages.rfind("finite"), std::string::npos) << messages;
+  EXPECT_GT(messages.rfind("finite"), messages.rfind("its step says")) << messages;
+  const server::ClientStats after = server_->Stats().at("c");
+  EXPECT_EQ(after.steps, before.steps);
+  EXPECT_EQ(after.gradient_bytes, before.gradient_bytes);
+  EXPECT_EQ(after.last_loss, before.last_loss);
+  EXPECT_EQ(after.average_bits, before.average_bits);
+  const StepResult mine = server_->Step("c", Valid(1)), theirs = twin.Step("c", Valid(1));
+  EXPECT_FALSE(mine.duplicate);
+  EXPECT_EQ(mine.loss, theirs.loss);
+  EXPECT_EQ(mine.gradient, theirs.gradient);
 }
 
 TEST_F(ServerGuards, JoinChecksModelCutAndMethod) {
@@ -348,20 +490,30 @@ TEST_F(ServerGuards, JoinChecksModelCutAndMethod) {
   EXPECT_EQ(code(fingerprint_, 2, "fp32"), ErrorCode::kInvalidArgument);  // d trained with bf16
 }
 
+// A restarted server continues exactly where it stopped: the step after the restart gives the
+// same loss and gradient as on a server that never stopped (LoRA and optimizer state restored).
 TEST_F(ServerGuards, CheckpointRestoresStepsAndAdapters) {
   server::ServerOptions o = ServerFor(dir_);
   o.checkpoint_dir = testing::TempDir("server-ckpt");
+  server::SplitServer uninterrupted(ServerFor(dir_));
+  uninterrupted.Join("c", fingerprint_, 2, "fp32");
   {
     server::SplitServer first(o);
     first.Join("c", fingerprint_, 2, "fp32");
-    for (int64_t s = 0; s < 3; ++s) first.Step("c", Valid(s));
+    for (int64_t s = 0; s < 3; ++s) {
+      first.Step("c", Valid(s));
+      uninterrupted.Step("c", Valid(s));
+    }
     first.Checkpoint();
   }
   server::SplitServer second(o);
   EXPECT_EQ(second.Join("c", fingerprint_, 2, "fp32"), 2);
   const StepResult retry = second.Step("c", Valid(2));  // applied before the restart
   EXPECT_TRUE(retry.duplicate);
-  EXPECT_FALSE(second.Step("c", Valid(3)).duplicate);
+  const StepResult next = second.Step("c", Valid(3)), reference = uninterrupted.Step("c", Valid(3));
+  EXPECT_FALSE(next.duplicate);
+  EXPECT_EQ(next.loss, reference.loss);
+  EXPECT_EQ(next.gradient, reference.gradient);
   EXPECT_EQ(second.Stats().at("c").steps, 4);
 }
 

@@ -1,0 +1,136 @@
+// The two halves of a quantization method at the cut, one object per client on each side.
+//
+//   ClientCodec (on the client): encodes the activations it sends and decodes the gradients it
+//     gets back; owns the activation stream (bits-table references), the method's own state
+//     (AMAQ's gates, AQ-SGD's cache) and what it needs to send the last message again.
+//   ServerCodec (on the server, one per session): decodes the activations and encodes the
+//     gradients that answer them, in the format the method gives them; owns both streams.
+//
+// The trainers call these and never look at which method they hold; quant/method.h makes them.
+// Streams: a (re)join calls Reset() on both sides, after which the next message of each stream
+// carries its bits table in full. Evaluation messages are self-contained on every method.
+// Neither class is thread-safe: each belongs to one client's steps, which run one at a time.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "quant/codec.h"
+
+namespace amaq::quant {
+
+// What a codec needs to know of the run beyond its method's own text.
+struct CodecContext {
+  int64_t channels = 0;   // width of the cut (the model's hidden size)
+  int64_t steps = 0;      // training steps of the run (schedules that end on the last step)
+  // AMAQ's training (docs/amaq.md).
+  double amaq_alpha = 1.0, amaq_beta = 0.01, amaq_gate_lr = 0.05;
+  int64_t amaq_warmup = 0;
+  double amaq_ramp_fraction = 0.5;
+  // AQ-SGD's per-sample cache.
+  uint64_t cache_bytes = uint64_t{1} << 30;
+  std::string spill_dir;  // empty: no spilling
+};
+
+// The rows of a training activation: samples * tokens of them, sample after sample.
+struct SampleRows {
+  int64_t samples = 0;
+  int64_t tokens = 0;
+  std::vector<uint64_t> ids;  // the samples' ids (AQ-SGD keys its cache by them)
+  int64_t rows() const { return samples * tokens; }
+};
+
+class ClientCodec {
+ public:
+  virtual ~ClientCodec() = default;
+
+  // Encodes a training activation x [rows, channels] (any device and dtype) of `samples`. Sets
+  // *upstream to the tensor the gradient is backpropagated into (x, or a differentiable
+  // reconstruction of it). Advances the activation stream.
+  virtual Encoded EncodeTraining(const torch::Tensor& x, const SampleRows& samples, torch::Tensor* upstream) = 0;
+  // The last training activation again, after Reset() (a reconnect): for the fresh stream.
+  virtual std::vector<uint8_t> EncodeTrainingAgain() = 0;
+  // An evaluation activation [rows, channels]: a self-contained message, no stream, no history.
+  virtual std::vector<uint8_t> EncodeEvaluation(const torch::Tensor& x) const = 0;
+  // The gradient has been backpropagated through the last *upstream: learned parts step.
+  virtual void Step() {}
+  // Whether every training batch must have the same number of tokens per sample.
+  virtual bool fixed_tokens() const { return false; }
+  // The server lost what this codec's messages build on (a restart): start the history afresh.
+  virtual void ForgetHistory() {}
+  // Integer width per learned gate (empty when the method learns none).
+  virtual std::vector<uint8_t> GateBits() const { return {}; }
+  // The codec's learned state in a client checkpoint (`next_step`: where the run resumes).
+  virtual void Save(torch::serialize::OutputArchive& archive) { (void)archive; }
+  virtual void Load(torch::serialize::InputArchive& archive, int64_t next_step) { (void)archive, (void)next_step; }
+
+  // Decodes the gradient of the last training activation into an fp32 CPU tensor [rows, cols];
+  // a message of another shape is refused (kDataLoss). `count` receives its bytes.
+  torch::Tensor DecodeGradient(const std::vector<uint8_t>& message, int64_t rows, int64_t cols, ByteCount* count);
+  // Fresh streams in both directions (a join or rejoin).
+  void Reset();
+
+ protected:
+  Encoder activation_stream_;
+
+ private:
+  Decoder gradient_stream_;
+};
+
+// The format of a gradient: its codec options and widths.
+struct GradientFormat {
+  EncodeOptions options;
+  BitsTable bits;
+};
+
+class ServerCodec {
+ public:
+  virtual ~ServerCodec() = default;
+
+  struct Activation {
+    std::vector<float> values;  // [samples * tokens, channels]
+    double average_bits = 0;    // of the codes (32 or 16 for float casts)
+    ByteCount count;
+  };
+  // Decodes a training activation of `samples` (the step's shape; checked before decompressing),
+  // advancing the stream; the next gradient answers it. Throws amaq::Error (kDataLoss,
+  // kInvalidArgument, kFailedPrecondition as the codec does) leaving the stream as it was.
+  virtual Activation DecodeTraining(const uint8_t* data, size_t size, const SampleRows& samples, int64_t channels);
+  // Decodes an evaluation activation of rows x channels (self-contained: no stream).
+  Activation DecodeEvaluation(const uint8_t* data, size_t size, int64_t rows, int64_t channels) const;
+  // Encodes the gradient [rows, cols] that answers the last training activation decoded.
+  Encoded EncodeGradient(const float* gradient, int64_t rows, int64_t cols);
+  // Fresh streams in both directions (a join or rejoin); a method's history (AQ-SGD) survives.
+  void Reset();
+
+ protected:
+  // The gradient's format, given the training activation it answers.
+  virtual GradientFormat GradientFor(const Decoded& activation) const = 0;
+  // For codecs that decode training activations themselves: the format of the next gradient.
+  void AnswerWith(GradientFormat format) { gradient_format_ = std::move(format); }
+
+ private:
+  Decoder activation_stream_;
+  Encoder gradient_stream_;
+  GradientFormat gradient_format_;
+};
+
+// The codecs of a method that sends every activation through the plain codec with one set of
+// options and widths (float casts, fixed-bit methods); the server's half gives the gradient.
+class PlainClientCodec : public ClientCodec {
+ public:
+  PlainClientCodec(EncodeOptions options, BitsTable bits) : options_(options), bits_(std::move(bits)) {}
+  Encoded EncodeTraining(const torch::Tensor& x, const SampleRows& samples, torch::Tensor* upstream) override;
+  std::vector<uint8_t> EncodeTrainingAgain() override;
+  std::vector<uint8_t> EncodeEvaluation(const torch::Tensor& x) const override;
+
+ private:
+  EncodeOptions options_;
+  BitsTable bits_;
+  torch::Tensor pending_;  // fp32 CPU copy of the last training activation
+};
+
+}  // namespace amaq::quant

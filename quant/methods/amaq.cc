@@ -1,0 +1,139 @@
+#include "quant/methods/amaq.h"
+
+#include <cstdio>
+
+#include "quant/amaq.h"
+#include "quant/tensor_codec.h"
+
+namespace amaq::quant {
+namespace {
+
+class AmaqClientCodec : public ClientCodec {
+ public:
+  AmaqClientCodec(int64_t channels, AmaqOptions options) : quantizer_(channels, options), gates_(channels) {}
+
+  Encoded EncodeTraining(const torch::Tensor& x, const SampleRows&, torch::Tensor* upstream) override {
+    pending_ = x.detach().to(torch::kCPU, torch::kFloat).contiguous();
+    pending_bits_ = quantizer_.IntegerBits(x.size(0));
+    Encoded e;
+    *upstream = quantizer_.Quantize(x, activation_stream_, &e);
+    return e;
+  }
+  std::vector<uint8_t> EncodeTrainingAgain() override {
+    return EncodeTensor(activation_stream_, pending_, pending_bits_, quantizer_.WireOptions()).bytes;
+  }
+  std::vector<uint8_t> EncodeEvaluation(const torch::Tensor& x) const override {
+    Encoder stateless;  // evaluation messages always carry their bits table
+    return EncodeTensor(stateless, x, quantizer_.IntegerBits(x.size(0)), quantizer_.WireOptions()).bytes;
+  }
+  void Step() override {
+    quantizer_.Regularizer().backward();
+    quantizer_.Step();
+  }
+  std::vector<uint8_t> GateBits() const override { return quantizer_.IntegerBits(gates_).bits; }
+  void Save(torch::serialize::OutputArchive& archive) override {
+    archive.write("amaq.gates", quantizer_.gates());
+    torch::serialize::OutputArchive optimizer;
+    quantizer_.optimizer().save(optimizer);
+    archive.write("amaq.optimizer", optimizer);
+  }
+  void Load(torch::serialize::InputArchive& archive, int64_t next_step) override {
+    torch::NoGradGuard no_grad;
+    torch::Tensor gates;
+    archive.read("amaq.gates", gates);
+    quantizer_.gates().copy_(gates);
+    torch::serialize::InputArchive optimizer;
+    archive.read("amaq.optimizer", optimizer);
+    quantizer_.optimizer().load(optimizer);
+    quantizer_.set_step(next_step);
+  }
+
+ private:
+  AmaqQuantizer quantizer_;
+  torch::Tensor pending_;  // fp32 CPU copy of the last training activation, and its widths
+  BitsTable pending_bits_;
+  int64_t gates_;
+};
+
+class AmaqServerCodec : public ServerCodec {
+ public:
+  explicit AmaqServerCodec(std::optional<int> gradient_bits) : gradient_bits_(gradient_bits) {}
+
+ protected:
+  GradientFormat GradientFor(const Decoded& activation) const override {
+    GradientFormat f;
+    f.options.scheme = Scheme::kAffine;
+    f.options.granularity = activation.granularity;
+    f.bits = gradient_bits_ ? BitsTable::Uniform(*gradient_bits_) : activation.bits;
+    return f;
+  }
+
+ private:
+  std::optional<int> gradient_bits_;
+};
+
+class Amaq : public Method {
+ public:
+  Amaq(double bmax, double bmin, std::optional<double> budget, bool uniform, std::optional<int> gradient_bits)
+      : bmax_(bmax), bmin_(bmin), budget_(budget), uniform_(uniform), gradient_bits_(gradient_bits) {}
+
+  std::string ToString() const override {
+    char buf[64];
+    if (budget_) {
+      std::snprintf(buf, sizeof buf, "amaq:budget=%g", *budget_);
+    } else {
+      std::snprintf(buf, sizeof buf, "amaq:%g->%g", bmax_, bmin_);
+    }
+    return std::string(buf) + (uniform_ ? ":uniform" : "") + GradientSuffix(gradient_bits_);
+  }
+  std::unique_ptr<ClientCodec> MakeClientCodec(const CodecContext& context) const override {
+    AmaqOptions a;
+    a.bmax = bmax_;
+    a.bmin = bmin_;
+    a.alpha = context.amaq_alpha;
+    a.beta = context.amaq_beta;
+    a.gate_lr = context.amaq_gate_lr;
+    a.warmup_steps = context.amaq_warmup;
+    if (budget_) a.budget = BitBudgetOptions{*budget_, context.steps, context.amaq_warmup, context.amaq_ramp_fraction};
+    a.uniform = uniform_;
+    return std::make_unique<AmaqClientCodec>(context.channels, a);
+  }
+  std::unique_ptr<ServerCodec> MakeServerCodec(const CodecContext&) const override {
+    return std::make_unique<AmaqServerCodec>(gradient_bits_);
+  }
+  std::optional<double> target_bits() const override { return budget_; }
+
+ private:
+  double bmax_, bmin_;
+  std::optional<double> budget_;
+  bool uniform_;
+  std::optional<int> gradient_bits_;
+};
+
+}  // namespace
+
+std::unique_ptr<Method> ParseAmaq(const MethodName& name) {
+  if (name.arguments.size() > 2) name.Refuse("amaq takes a range or a budget, then optionally uniform");
+  double bmax = 8, bmin = 3;
+  std::optional<double> budget;
+  bool uniform = false;
+  for (const std::string& arg : name.arguments) {
+    const size_t arrow = arg.find("->");
+    if (arg.rfind("budget=", 0) == 0) {
+      budget = name.Number(arg.substr(7));
+    } else if (arg == "uniform") {
+      uniform = true;
+    } else if (arrow != std::string::npos) {
+      bmax = name.Number(arg.substr(0, arrow));
+      bmin = name.Number(arg.substr(arrow + 2));
+    } else {
+      name.Refuse("'" + arg + "' is neither <bmax>-><bmin>, budget=<bits> nor uniform");
+    }
+  }
+  if (uniform && !budget) name.Refuse("uniform widths follow a budget's schedule: amaq:budget=<bits>:uniform");
+  if (!(bmin >= kMinBits && bmax <= kMaxBits && bmin < bmax)) name.Refuse("AMAQ needs 1 <= bmin < bmax <= 8");
+  if (budget && !(*budget >= bmin && *budget <= bmax)) name.Refuse("the budget must lie between bmin and bmax");
+  return std::make_unique<Amaq>(bmax, bmin, budget, uniform, name.gradient_bits);
+}
+
+}  // namespace amaq::quant

@@ -1,0 +1,14 @@
+// amaq[:<bmax>-><bmin>] | amaq:budget=<bits>[:uniform], each optionally :grad=<bits>: AMAQ
+// (quant/amaq.h), learned per-channel widths on the client; the gradient goes back with the
+// activation's own widths and granularity, or at grad= bits per channel.
+#pragma once
+
+#include <memory>
+
+#include "quant/method.h"
+
+namespace amaq::quant {
+
+std::unique_ptr<Method> ParseAmaq(const MethodName& name);
+
+}  // namespace amaq::quant

@@ -1,0 +1,99 @@
+#include "quant/methods/aqsgd.h"
+
+#include "common/error.h"
+#include "quant/aqsgd.h"
+#include "quant/tensor_codec.h"
+
+namespace amaq::quant {
+namespace {
+
+EncodeOptions Bf16() {
+  EncodeOptions o;
+  o.scheme = Scheme::kBFloat16;
+  return o;
+}
+
+class AqsgdClientCodec : public ClientCodec {
+ public:
+  explicit AqsgdClientCodec(AqsgdOptions options)
+      : options_(std::move(options)), sender_(std::make_unique<AqsgdSender>(options_)) {}
+
+  Encoded EncodeTraining(const torch::Tensor& x, const SampleRows& samples, torch::Tensor* upstream) override {
+    const torch::Tensor cpu = x.detach().to(torch::kCPU, torch::kFloat).contiguous();
+    pending_ = sender_->Encode(cpu.data_ptr<float>(), samples.ids, samples.tokens, x.size(1));
+    *upstream = x;
+    return pending_;
+  }
+  // Frames are self-contained: the same bytes are valid on a fresh stream.
+  std::vector<uint8_t> EncodeTrainingAgain() override { return pending_.bytes; }
+  std::vector<uint8_t> EncodeEvaluation(const torch::Tensor& x) const override {
+    Encoder stateless;  // evaluation samples have no AQ-SGD history
+    return EncodeTensor(stateless, x, BitsTable{}, Bf16()).bytes;
+  }
+  bool fixed_tokens() const override { return true; }
+  void ForgetHistory() override { sender_ = std::make_unique<AqsgdSender>(options_); }
+
+ private:
+  AqsgdOptions options_;
+  std::unique_ptr<AqsgdSender> sender_;
+  Encoded pending_;
+};
+
+class AqsgdServerCodec : public ServerCodec {
+ public:
+  AqsgdServerCodec(AqsgdOptions options, GradientFormat gradient) : receiver_(std::move(options)), gradient_(std::move(gradient)) {}
+
+  Activation DecodeTraining(const uint8_t* data, size_t size, const SampleRows& samples, int64_t channels) override {
+    Require(static_cast<int64_t>(samples.ids.size()) == samples.samples, ErrorCode::kInvalidArgument,
+            "AQ-SGD steps need one sample id per sequence: send the batch's sample ids");
+    AqsgdDecoded d = receiver_.Decode(data, size, samples.tokens, channels, samples.samples);
+    Require(d.ids == samples.ids, ErrorCode::kInvalidArgument, "the AQ-SGD frame's sample ids differ from the step's");
+    AnswerWith(gradient_);
+    const double bits = d.values.empty() ? 0 : 8.0 * static_cast<double>(d.count.payload) / static_cast<double>(d.values.size());
+    return Activation{std::move(d.values), bits, d.count};
+  }
+
+ protected:
+  GradientFormat GradientFor(const Decoded&) const override { return gradient_; }
+
+ private:
+  AqsgdReceiver receiver_;
+  GradientFormat gradient_;
+};
+
+class Aqsgd : public Method {
+ public:
+  Aqsgd(int bits, std::optional<int> gradient_bits) : bits_(bits), gradient_bits_(gradient_bits) {}
+  std::string ToString() const override { return "aqsgd:" + std::to_string(bits_) + GradientSuffix(gradient_bits_); }
+  std::unique_ptr<ClientCodec> MakeClientCodec(const CodecContext& context) const override {
+    return std::make_unique<AqsgdClientCodec>(Options(context));
+  }
+  std::unique_ptr<ServerCodec> MakeServerCodec(const CodecContext& context) const override {
+    GradientFormat gradient;
+    gradient.options.scheme = Scheme::kAffine;
+    gradient.options.granularity = Granularity::kChannel;
+    gradient.bits = BitsTable::Uniform(gradient_bits_.value_or(8));
+    return std::make_unique<AqsgdServerCodec>(Options(context), gradient);
+  }
+
+ private:
+  AqsgdOptions Options(const CodecContext& context) const {
+    AqsgdOptions o;
+    o.bits = bits_;
+    o.cache_memory_bytes = context.cache_bytes;
+    o.spill_dir = context.spill_dir;
+    return o;
+  }
+
+  int bits_;
+  std::optional<int> gradient_bits_;
+};
+
+}  // namespace
+
+std::unique_ptr<Method> ParseAqsgd(const MethodName& name) {
+  if (name.arguments.size() != 1) name.Refuse("aqsgd takes the bits of its deltas");
+  return std::make_unique<Aqsgd>(name.Bits(name.arguments[0], 2), name.gradient_bits);
+}
+
+}  // namespace amaq::quant

@@ -1,0 +1,15 @@
+// aqsgd:<bits>[:grad=<bits>]: AQ-SGD (quant/aqsgd.h): a sample's first activation in bf16, then
+// <bits>-bit deltas against both sides' cache of it; evaluation activations in bf16; gradients
+// affine per channel at 8 bits, or at grad= bits. Training batches keep one shape (rows are keyed
+// by sample), and the server's cache survives reconnects.
+#pragma once
+
+#include <memory>
+
+#include "quant/method.h"
+
+namespace amaq::quant {
+
+std::unique_ptr<Method> ParseAqsgd(const MethodName& name);
+
+}  // namespace amaq::quant

@@ -1,0 +1,13 @@
+// fp32 | bf16 | fp16 (and `none` for fp32): activations and gradients cross the cut as floats,
+// cast to 16 bits or sent as they are.
+#pragma once
+
+#include <memory>
+
+#include "quant/method.h"
+
+namespace amaq::quant {
+
+std::unique_ptr<Method> ParseFloatCast(const MethodName& name);
+
+}  // namespace amaq::quant
