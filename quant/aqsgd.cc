@@ -164,8 +164,7 @@ AqsgdDecoded AqsgdReceiver::Decode(const uint8_t* data, size_t size, int64_t exp
   const size_t delta_samples = samples - full_samples;
   // Each part must have exactly the rows its samples declare (checked before it is decompressed).
   const auto part_shape = [&](size_t part_samples) {
-    return part_samples == 0 ? ExpectedShape{0, -1}
-                             : ExpectedShape{static_cast<int64_t>(part_samples * rows_per_sample), static_cast<int64_t>(cols)};
+    return ExpectedShape{static_cast<int64_t>(part_samples * rows_per_sample), static_cast<int64_t>(cols)};
   };
   Decoded full, delta;
   Decoder(limits_).Decode(full_bytes, full_size, &full, part_shape(full_samples));
@@ -174,12 +173,11 @@ AqsgdDecoded AqsgdReceiver::Decode(const uint8_t* data, size_t size, int64_t exp
   out.rows_per_sample = static_cast<int64_t>(rows_per_sample);
   out.cols = static_cast<int64_t>(cols);
   const size_t sample_size = rows_per_sample * cols;
-  Require(full.values.size() == full_samples * sample_size && IsFloatScheme(full.scheme) &&
-              delta.values.size() == delta_samples * sample_size &&
-              (full_samples == 0 || full.cols == out.cols) &&
-              (delta_samples == 0 || delta.cols == out.cols),
+  Require(IsFloatScheme(full.scheme) && delta.scheme == Scheme::kSymmetric && delta.granularity == Granularity::kChannel &&
+              delta.bits.layout == BitsLayout::kUniform,
           ErrorCode::kDataLoss,
-          "AQ-SGD frame parts do not match its sample list: the message is corrupted");
+          "an AQ-SGD frame's full part must be a float message and its delta part symmetric per channel with one "
+          "width: the message is corrupted");
   for (uint32_t i = 0; i < samples; ++i) {
     Require(flags[i] == kFull || cache_.Contains(out.ids[i]), ErrorCode::kFailedPrecondition,
             "AQ-SGD delta for sample " + std::to_string(out.ids[i]) +

@@ -133,20 +133,28 @@ void UnpackAndDequantize(const uint8_t* packed, size_t size, int64_t rows, int64
   }
 }
 
+// Writes n finite floats in a float scheme. Throws amaq::Error (kInvalidArgument) for a value
+// beyond the 16-bit format's range (it would arrive as infinity).
 void WriteFloats(const float* x, uint64_t n, Scheme scheme, uint8_t* out, float* reconstruction) {
+  if (n == 0) return;  // x and out may be null
   if (scheme == Scheme::kFloat32) {
     std::memcpy(out, x, n * sizeof(float));
     if (reconstruction) std::memcpy(reconstruction, x, n * sizeof(float));
     return;
   }
+  const uint16_t infinity = scheme == Scheme::kBFloat16 ? 0x7f80 : 0x7c00;  // the exponent bits
   for (uint64_t i = 0; i < n; ++i) {
     const uint16_t h = scheme == Scheme::kBFloat16 ? FloatToBFloat16(x[i]) : FloatToHalf(x[i]);
+    Require((h & infinity) != infinity, ErrorCode::kInvalidArgument,
+            "value " + std::to_string(x[i]) + " at element " + std::to_string(i) + " is beyond the range of " +
+                ToString(scheme) + ": send it as fp32 (or bf16 instead of fp16), or with a quantized method");
     std::memcpy(out + 2 * i, &h, 2);
     if (reconstruction) reconstruction[i] = scheme == Scheme::kBFloat16 ? BFloat16ToFloat(h) : HalfToFloat(h);
   }
 }
 
 void ReadFloats(const uint8_t* in, uint64_t n, Scheme scheme, float* out) {
+  if (n == 0) return;  // in and out may be null
   if (scheme == Scheme::kFloat32) {
     std::memcpy(out, in, n * sizeof(float));
     return;
@@ -280,11 +288,27 @@ Decoded Decoder::Decode(const uint8_t* data, size_t size) {
   return d;
 }
 
-void Decoder::Decode(const uint8_t* data, size_t size, Decoded* out, ExpectedShape shape) {
+namespace {
+
+// The fixed 48 bytes at the start of a tensor message (docs/wire-format.md), read and checked.
+struct Header {
+  Scheme scheme;
+  Granularity granularity;
+  BitsLayout layout;
+  ScaleFormat format;
+  uint8_t flags;
+  uint32_t group_size;
+  uint64_t rows, cols;
+  uint32_t table_id;
+  uint32_t table_entries;
+  uint64_t payload_size;
+};
+
+// Checks the length, magic, version and checksum; returns a reader of everything but the checksum.
+ByteReader OpenMessage(const uint8_t* data, size_t size) {
   Require(size >= kHeaderSize + kChecksumSize, ErrorCode::kDataLoss,
           "tensor message has " + std::to_string(size) + " bytes, less than the " +
-              std::to_string(kHeaderSize + kChecksumSize) +
-              "-byte minimum: it was truncated; resend it");
+              std::to_string(kHeaderSize + kChecksumSize) + "-byte minimum: it was truncated; resend it");
   ByteReader r(data, size - kChecksumSize);
   Require(r.Get<uint32_t>("magic") == kMagic, ErrorCode::kDataLoss,
           "tensor message does not start with 'AMQT': it is not an amaq tensor (or is corrupted)");
@@ -298,159 +322,202 @@ void Decoder::Decode(const uint8_t* data, size_t size, Decoded* out, ExpectedSha
   Require(stored_checksum == WireChecksum(data, size - kChecksumSize), ErrorCode::kDataLoss,
           "tensor message checksum mismatch: it was corrupted in transit; resend it");
 #endif
+  return r;
+}
 
-  Decoded& d = *out;
-  d.bits = BitsTable{};
-  const auto scheme_byte = r.Get<uint8_t>("scheme");
-  const auto granularity_byte = r.Get<uint8_t>("granularity");
-  const auto layout_byte = r.Get<uint8_t>("bits_layout");
-  const auto format_byte = r.Get<uint8_t>("scale_format");
-  const auto flags = r.Get<uint8_t>("flags");
+Header ReadHeader(ByteReader& r, ExpectedShape shape, const DecodeLimits& limits) {
+  const auto scheme = r.Get<uint8_t>("scheme");
+  const auto granularity = r.Get<uint8_t>("granularity");
+  const auto layout = r.Get<uint8_t>("bits_layout");
+  const auto format = r.Get<uint8_t>("scale_format");
+  Header h{};
+  h.flags = r.Get<uint8_t>("flags");
   const auto reserved = r.Get<uint16_t>("reserved");
-  const auto group_size = r.Get<uint32_t>("group_size");
-  const auto rows = r.Get<uint64_t>("rows");
-  const auto cols = r.Get<uint64_t>("cols");
-  const auto table_id = r.Get<uint32_t>("bits_table_id");
-  const auto table_entries = r.Get<uint32_t>("bits_table_entries");
-  auto payload_size = r.Get<uint64_t>("payload_size");
-
-  Require(scheme_byte <= static_cast<uint8_t>(Scheme::kSymmetric), ErrorCode::kDataLoss,
-          "unknown scheme " + std::to_string(scheme_byte) + " in tensor message");
-  Require(granularity_byte <= static_cast<uint8_t>(Granularity::kGroup), ErrorCode::kDataLoss,
-          "unknown granularity " + std::to_string(granularity_byte) + " in tensor message");
-  Require(layout_byte <= static_cast<uint8_t>(BitsLayout::kPerToken), ErrorCode::kDataLoss,
-          "unknown bits layout " + std::to_string(layout_byte) + " in tensor message");
-  Require(format_byte <= static_cast<uint8_t>(ScaleFormat::kFloat32), ErrorCode::kDataLoss,
-          "unknown scale format " + std::to_string(format_byte) + " in tensor message");
-  Require((flags & ~(kFlagZstd | kFlagTableIncluded)) == 0 && reserved == 0,
-          ErrorCode::kDataLoss, "tensor message sets unknown flags: it comes from a newer amaq");
-  Require((shape.rows < 0 || rows == static_cast<uint64_t>(shape.rows)) &&
-              (shape.cols < 0 || cols == static_cast<uint64_t>(shape.cols)),
+  h.group_size = r.Get<uint32_t>("group_size");
+  h.rows = r.Get<uint64_t>("rows");
+  h.cols = r.Get<uint64_t>("cols");
+  h.table_id = r.Get<uint32_t>("bits_table_id");
+  h.table_entries = r.Get<uint32_t>("bits_table_entries");
+  h.payload_size = r.Get<uint64_t>("payload_size");
+  Require(scheme <= static_cast<uint8_t>(Scheme::kSymmetric), ErrorCode::kDataLoss,
+          "unknown scheme " + std::to_string(scheme) + " in tensor message");
+  Require(granularity <= static_cast<uint8_t>(Granularity::kGroup), ErrorCode::kDataLoss,
+          "unknown granularity " + std::to_string(granularity) + " in tensor message");
+  Require(layout <= static_cast<uint8_t>(BitsLayout::kPerToken), ErrorCode::kDataLoss,
+          "unknown bits layout " + std::to_string(layout) + " in tensor message");
+  Require(format <= static_cast<uint8_t>(ScaleFormat::kFloat32), ErrorCode::kDataLoss,
+          "unknown scale format " + std::to_string(format) + " in tensor message");
+  Require((h.flags & ~(kFlagZstd | kFlagTableIncluded)) == 0 && reserved == 0, ErrorCode::kDataLoss,
+          "tensor message sets unknown flags: it comes from a newer amaq");
+  h.scheme = static_cast<Scheme>(scheme);
+  h.granularity = static_cast<Granularity>(granularity);
+  h.layout = static_cast<BitsLayout>(layout);
+  h.format = static_cast<ScaleFormat>(format);
+  Require((h.granularity == Granularity::kGroup) == (h.group_size != 0), ErrorCode::kDataLoss,
+          "tensor message has group_size " + std::to_string(h.group_size) + " with granularity " +
+              ToString(h.granularity) + ": group_size is set exactly for the group granularity; the message is corrupted");
+  Require((shape.rows < 0 || h.rows == static_cast<uint64_t>(shape.rows)) &&
+              (shape.cols < 0 || h.cols == static_cast<uint64_t>(shape.cols)),
           ErrorCode::kInvalidArgument,
-          "tensor message is " + ShapeText(static_cast<int64_t>(std::min<uint64_t>(rows, INT64_MAX)),
-                                           static_cast<int64_t>(std::min<uint64_t>(cols, INT64_MAX))) +
+          "tensor message is " + ShapeText(static_cast<int64_t>(std::min<uint64_t>(h.rows, INT64_MAX)),
+                                           static_cast<int64_t>(std::min<uint64_t>(h.cols, INT64_MAX))) +
               " but its step says " + ShapeText(shape.rows, shape.cols) +
               ": send the activation of the step's batch x tokens and the model's hidden size");
-  Require(cols == 0 || rows <= limits_.max_elements / cols, ErrorCode::kResourceExhausted,
-          "tensor message shape " + std::to_string(rows) + " x " + std::to_string(cols) +
-              " exceeds the limit of " + std::to_string(limits_.max_elements) +
-              " elements: send smaller batches or raise the decoder's max_elements");
-  Require(rows <= limits_.max_elements && cols <= limits_.max_elements,
-          ErrorCode::kResourceExhausted,
-          "tensor message dimension exceeds " + std::to_string(limits_.max_elements));
-  d.rows = static_cast<int64_t>(rows);
-  d.cols = static_cast<int64_t>(cols);
-  d.scheme = static_cast<Scheme>(scheme_byte);
-  d.granularity = static_cast<Granularity>(granularity_byte);
-  const auto format = static_cast<ScaleFormat>(format_byte);
-  const bool is_float = IsFloatScheme(d.scheme);
-  const uint64_t elements = rows * cols;
-
-  GridSpec spec{d.scheme, d.granularity, static_cast<int>(group_size)};
-  ScaleGrid grid;
-  uint64_t raw_payload_size = 0;
-  if (is_float) {
-    Require(d.granularity == Granularity::kTensor && layout_byte == 0 && table_entries == 0 &&
-                (flags & kFlagTableIncluded) == 0,
-            ErrorCode::kDataLoss, "a float tensor message must carry no bits table or scales");
-    raw_payload_size = elements * FloatSchemeWidth(d.scheme);
-  } else {
-    Require(d.granularity != Granularity::kGroup || (group_size > 0 && group_size <= (1u << 24)),
+  Require(h.cols == 0 || h.rows <= limits.max_elements / h.cols, ErrorCode::kResourceExhausted,
+          "tensor message shape " + std::to_string(h.rows) + " x " + std::to_string(h.cols) + " exceeds the limit of " +
+              std::to_string(limits.max_elements) + " elements: send smaller batches or raise the decoder's max_elements");
+  Require(h.rows <= limits.max_elements && h.cols <= limits.max_elements, ErrorCode::kResourceExhausted,
+          "tensor message dimension exceeds " + std::to_string(limits.max_elements));
+  if (IsFloatScheme(h.scheme)) {
+    Require(h.granularity == Granularity::kTensor && h.layout == BitsLayout::kUniform &&
+                h.format == ScaleFormat::kFloat16 && h.table_id == 0 && h.table_entries == 0 &&
+                (h.flags & kFlagTableIncluded) == 0,
             ErrorCode::kDataLoss,
-            "group size " + std::to_string(group_size) + " in tensor message is out of range");
-    const auto layout = static_cast<BitsLayout>(layout_byte);
-    const int64_t expected = BitsTable::ExpectedEntries(layout, d.rows, d.cols);
-    if (flags & kFlagTableIncluded) {
-      Require(table_entries == static_cast<uint64_t>(expected), ErrorCode::kDataLoss,
-              "bits table has " + std::to_string(table_entries) + " entries but a " +
-                  ToString(layout) + " table for " + ShapeText(d.rows, d.cols) + " needs " +
-                  std::to_string(expected));
-      const uint8_t* entries = r.Take(table_entries, "bits_table");
-      d.bits = BitsTable{layout, std::vector<uint8_t>(entries, entries + table_entries)};
+            "a float tensor message must carry granularity, layout, scale format and table id 0 and no bits table");
+  }
+  return h;
+}
+
+// The message's bits table: included, or referenced as `last` (the stream's previous table).
+BitsTable ReadBitsTable(ByteReader& r, const Header& h, const std::optional<std::pair<uint32_t, BitsTable>>& last) {
+  const int64_t rows = static_cast<int64_t>(h.rows), cols = static_cast<int64_t>(h.cols);
+  const int64_t expected = BitsTable::ExpectedEntries(h.layout, rows, cols);
+  if ((h.flags & kFlagTableIncluded) == 0) {
+    Require(h.table_entries == 0, ErrorCode::kDataLoss, "tensor message counts bits-table entries but says it carries none");
+    Require(last && last->first == h.table_id, ErrorCode::kFailedPrecondition,
+            "tensor message refers to a bits table this decoder does not hold (the stream "
+            "restarted or a message was lost): the sender must reset its encoder and resend");
+    Require(last->second.layout == h.layout && static_cast<int64_t>(last->second.bits.size()) == expected,
+            ErrorCode::kDataLoss, "the referenced bits table does not fit the tensor's shape");
+    return last->second;
+  }
+  Require(h.table_entries == static_cast<uint64_t>(expected), ErrorCode::kDataLoss,
+          "bits table has " + std::to_string(h.table_entries) + " entries but a " + ToString(h.layout) + " table for " +
+              ShapeText(rows, cols) + " needs " + std::to_string(expected));
+  const uint8_t* entries = r.Take(h.table_entries, "bits_table");
+  BitsTable bits{h.layout, std::vector<uint8_t>(entries, entries + h.table_entries)};
 #ifndef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
-      Require(BitsTableId(d.bits) == table_id, ErrorCode::kDataLoss,
-              "bits table does not match its id: the message is corrupted; resend it");
+  Require(BitsTableId(bits) == h.table_id, ErrorCode::kDataLoss,
+          "bits table does not match its id: the message is corrupted; resend it");
 #endif
-    } else {
-      Require(table_entries == 0, ErrorCode::kDataLoss,
-              "tensor message counts bits-table entries but says it carries none");
-      Require(last_table_ && last_table_->first == table_id, ErrorCode::kFailedPrecondition,
-              "tensor message refers to a bits table this decoder does not hold (the stream "
-              "restarted or a message was lost): the sender must reset its encoder and resend");
-      d.bits = last_table_->second;
-      Require(d.bits.layout == layout &&
-                  static_cast<int64_t>(d.bits.bits.size()) == expected,
-              ErrorCode::kDataLoss, "the referenced bits table does not fit the tensor's shape");
+  return bits;
+}
+
+// The zeros (affine) and steps of every scale group, checked.
+ScaleGrid ReadScales(ByteReader& r, const Header& h, const GridSpec& spec, const BitsTable& bits) {
+  const int64_t groups = ScaleGroupCount(spec, static_cast<int64_t>(h.rows), static_cast<int64_t>(h.cols));
+  ScaleGrid grid;
+  grid.format = h.format;
+  grid.zeros.resize(static_cast<size_t>(groups));
+  grid.steps.resize(static_cast<size_t>(groups));
+  const size_t scale_bytes = h.format == ScaleFormat::kFloat16 ? 2 : 4;
+  const uint64_t scale_count = (h.scheme == Scheme::kAffine ? 2u : 1u) * static_cast<uint64_t>(groups);
+  Require(scale_count * scale_bytes <= r.remaining(), ErrorCode::kDataLoss,
+          "tensor message ends inside its scales: it was truncated; resend it");
+  if (h.scheme == Scheme::kAffine) {
+    for (auto& z : grid.zeros) z = GetScale(r, h.format, "zeros");
+  }
+  for (auto& s : grid.steps) s = GetScale(r, h.format, "steps");
+  for (int64_t g = 0; g < groups; ++g) {
+    const float step = grid.steps[static_cast<size_t>(g)];
+    Require(std::isfinite(step) && step > 0.0f, ErrorCode::kDataLoss,
+            "scale group " + std::to_string(g) + " has step " + std::to_string(step) +
+                ": steps must be finite and positive; the message is corrupted");
+    if (h.scheme == Scheme::kSymmetric) grid.zeros[static_cast<size_t>(g)] = SymmetricZero(step, ScaleGroupBits(bits, g));
+    const float zero = grid.zeros[static_cast<size_t>(g)];
+    Require(std::isfinite(zero) && std::isfinite(zero + 255.0f * step), ErrorCode::kDataLoss,
+            "scale group " + std::to_string(g) + " decodes to non-finite values: the message is corrupted");
+  }
+  return grid;
+}
+
+// The payload of `raw_size` bytes once decompressed (into *buffer when it was compressed).
+const uint8_t* ReadPayload(ByteReader& r, const Header& h, uint64_t raw_size, std::vector<uint8_t>* buffer) {
+  Require(h.payload_size == r.remaining(), ErrorCode::kDataLoss,
+          "tensor message says its payload has " + std::to_string(h.payload_size) + " bytes but " +
+              std::to_string(r.remaining()) + " follow: it was truncated or corrupted");
+  const uint8_t* payload = r.Take(h.payload_size, "payload");
+  if ((h.flags & kFlagZstd) == 0) {
+    Require(h.payload_size == raw_size, ErrorCode::kDataLoss,
+            "payload has " + std::to_string(h.payload_size) + " bytes but " +
+                ShapeText(static_cast<int64_t>(h.rows), static_cast<int64_t>(h.cols)) + " needs " +
+                std::to_string(raw_size) + ": the message was truncated or corrupted");
+    return payload;
+  }
+  const unsigned long long content = ZSTD_getFrameContentSize(payload, h.payload_size);
+  Require(content == raw_size, ErrorCode::kDataLoss,
+          "compressed payload declares " + std::to_string(content) + " bytes, the shape needs " +
+              std::to_string(raw_size) + ": refusing to decompress it");
+  buffer->resize(raw_size);
+  const size_t n = ZSTD_decompress(buffer->data(), buffer->size(), payload, h.payload_size);
+  Require(!ZSTD_isError(n) && n == raw_size, ErrorCode::kDataLoss,
+          std::string("compressed payload is corrupted (") + (ZSTD_isError(n) ? ZSTD_getErrorName(n) : "wrong size") +
+              "): resend it");
+  return buffer->data();
+}
+
+// What the format fixes of packed codes beyond their widths: the bits after the last code are
+// zero, and symmetric codes stay below 2^b - 1.
+void CheckCodes(const uint8_t* payload, uint64_t size, Scheme scheme, const BitsTable& bits, int64_t rows, int64_t cols) {
+  const uint64_t used = bits.TotalBits(rows, cols) % 8;
+  Require(used == 0 || size == 0 || (payload[size - 1] >> used) == 0, ErrorCode::kDataLoss,
+          "the payload's final byte has bits set after the last code (they must be zero): the message is corrupted");
+  if (scheme != Scheme::kSymmetric) return;
+  std::vector<uint8_t> codes(static_cast<size_t>(cols));
+  RowLayout layout = RowLayoutOf(bits, 0, cols);
+  BitReader reader(payload, size);
+  for (int64_t r = 0; r < rows; ++r) {
+    UpdateRowLayout(bits, r, cols, &layout);
+    layout.Unpack(reader, codes.data());
+    for (int64_t c = 0; c < cols; ++c) {
+      Require(codes[static_cast<size_t>(c)] <= MaxCode(Scheme::kSymmetric, bits.BitsAt(r, c)), ErrorCode::kDataLoss,
+              "symmetric code " + std::to_string(codes[static_cast<size_t>(c)]) + " at (" + std::to_string(r) + ", " +
+                  std::to_string(c) + ") is above 2^b - 2: the message is corrupted");
     }
+  }
+}
+
+}  // namespace
+
+void Decoder::Decode(const uint8_t* data, size_t size, Decoded* out, ExpectedShape shape) {
+  ByteReader r = OpenMessage(data, size);
+  const Header h = ReadHeader(r, shape, limits_);
+  Decoded& d = *out;
+  d.rows = static_cast<int64_t>(h.rows);
+  d.cols = static_cast<int64_t>(h.cols);
+  d.scheme = h.scheme;
+  d.granularity = h.granularity;
+  d.bits = BitsTable{};
+  const uint64_t elements = h.rows * h.cols;
+  const bool is_float = IsFloatScheme(h.scheme);
+  const GridSpec spec{h.scheme, h.granularity, static_cast<int>(h.group_size)};
+  ScaleGrid grid;
+  if (!is_float) {
+    Require(h.granularity != Granularity::kGroup || h.group_size <= (1u << 24), ErrorCode::kDataLoss,
+            "group size " + std::to_string(h.group_size) + " in tensor message is out of range");
+    d.bits = ReadBitsTable(r, h, last_table_);
     try {
       ValidateGridSpec(spec, d.bits, d.rows, d.cols);
     } catch (const Error& e) {
       throw Error(ErrorCode::kDataLoss, std::string("tensor message is invalid: ") + e.what());
     }
-    const int64_t groups = ScaleGroupCount(spec, d.rows, d.cols);
-    grid.format = format;
-    grid.zeros.resize(static_cast<size_t>(groups));
-    grid.steps.resize(static_cast<size_t>(groups));
-    const size_t scale_bytes = format == ScaleFormat::kFloat16 ? 2 : 4;
-    const uint64_t scale_count = (d.scheme == Scheme::kAffine ? 2u : 1u) * static_cast<uint64_t>(groups);
-    Require(scale_count * scale_bytes <= r.remaining(), ErrorCode::kDataLoss,
-            "tensor message ends inside its scales: it was truncated; resend it");
-    if (d.scheme == Scheme::kAffine) {
-      for (auto& z : grid.zeros) z = GetScale(r, format, "zeros");
-    }
-    for (auto& s : grid.steps) s = GetScale(r, format, "steps");
-    for (int64_t g = 0; g < groups; ++g) {
-      const float step = grid.steps[static_cast<size_t>(g)];
-      Require(std::isfinite(step) && step > 0.0f, ErrorCode::kDataLoss,
-              "scale group " + std::to_string(g) + " has step " + std::to_string(step) +
-                  ": steps must be finite and positive; the message is corrupted");
-      if (d.scheme == Scheme::kSymmetric) {
-        grid.zeros[static_cast<size_t>(g)] = SymmetricZero(step, ScaleGroupBits(d.bits, g));
-      }
-      const float zero = grid.zeros[static_cast<size_t>(g)];
-      Require(std::isfinite(zero) && std::isfinite(zero + 255.0f * step), ErrorCode::kDataLoss,
-              "scale group " + std::to_string(g) +
-                  " decodes to non-finite values: the message is corrupted");
-    }
-    raw_payload_size = d.bits.PackedBytes(d.rows, d.cols);
+    grid = ReadScales(r, h, spec, d.bits);
   }
-
-  Require(payload_size == r.remaining(), ErrorCode::kDataLoss,
-          "tensor message says its payload has " + std::to_string(payload_size) + " bytes but " +
-              std::to_string(r.remaining()) + " follow: it was truncated or corrupted");
-  const uint8_t* payload = r.Take(payload_size, "payload");
-  const uint64_t wire_payload_size = payload_size;
+  const uint64_t raw_payload_size = is_float ? elements * FloatSchemeWidth(h.scheme) : d.bits.PackedBytes(d.rows, d.cols);
   std::vector<uint8_t> decompressed;
-  if (flags & kFlagZstd) {
-    const unsigned long long content = ZSTD_getFrameContentSize(payload, payload_size);
-    Require(content == raw_payload_size, ErrorCode::kDataLoss,
-            "compressed payload declares " + std::to_string(content) + " bytes, the shape needs " +
-                std::to_string(raw_payload_size) + ": refusing to decompress it");
-    decompressed.resize(raw_payload_size);
-    const size_t n = ZSTD_decompress(decompressed.data(), decompressed.size(), payload, payload_size);
-    Require(!ZSTD_isError(n) && n == raw_payload_size, ErrorCode::kDataLoss,
-            std::string("compressed payload is corrupted (") +
-                (ZSTD_isError(n) ? ZSTD_getErrorName(n) : "wrong size") + "): resend it");
-    payload = decompressed.data();
-    payload_size = decompressed.size();
-  } else {
-    Require(payload_size == raw_payload_size, ErrorCode::kDataLoss,
-            "payload has " + std::to_string(payload_size) + " bytes but " +
-                ShapeText(d.rows, d.cols) + " needs " + std::to_string(raw_payload_size) +
-                ": the message was truncated or corrupted");
-  }
+  const uint8_t* payload = ReadPayload(r, h, raw_payload_size, &decompressed);
 
   d.values.resize(elements);
   if (is_float) {
     ReadFloats(payload, elements, d.scheme, d.values.data());
     RequireFinite(d.values.data(), d.rows, d.cols);
   } else {
-    UnpackAndDequantize(payload, payload_size, d.rows, d.cols, spec, d.bits, grid,
-                        d.values.data());
-    last_table_ = std::make_pair(table_id, d.bits);
+    CheckCodes(payload, raw_payload_size, h.scheme, d.bits, d.rows, d.cols);
+    UnpackAndDequantize(payload, raw_payload_size, d.rows, d.cols, spec, d.bits, grid, d.values.data());
+    last_table_ = std::make_pair(h.table_id, d.bits);
   }
-  d.count.payload = wire_payload_size;
-  d.count.metadata = size - wire_payload_size;
+  d.count.payload = h.payload_size;
+  d.count.metadata = size - h.payload_size;
 }
 
 }  // namespace amaq::quant

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <random>
 
@@ -155,6 +156,52 @@ TEST(Aqsgd, MalformedFramesAreRefused) {
     EXPECT_THROW(receiver.Decode(b.data(), b.size()), Error) << "byte " << i;
   }
   EXPECT_THROW(sender.Encode(x.data(), {5, 5}, kRows, kCols), Error);  // repeated id
+}
+
+// Where an AQ-SGD frame's delta part starts (its 8-byte size field), for a frame of `samples`.
+size_t DeltaPartAt(const std::vector<uint8_t>& frame, size_t samples) {
+  const size_t header = 4 + 1 + 4 + 8 + 8 + 9 * samples + 8;
+  uint64_t full_size;
+  std::memcpy(&full_size, frame.data() + header, 8);
+  return header + 8 + full_size;
+}
+
+// The frame with its delta part replaced by `part`, a tensor message.
+std::vector<uint8_t> WithDeltaPart(const std::vector<uint8_t>& frame, size_t samples, const std::vector<uint8_t>& part) {
+  std::vector<uint8_t> b(frame.begin(), frame.begin() + static_cast<long>(DeltaPartAt(frame, samples)));
+  const uint64_t size = part.size();
+  b.insert(b.end(), reinterpret_cast<const uint8_t*>(&size), reinterpret_cast<const uint8_t*>(&size) + 8);
+  b.insert(b.end(), part.begin(), part.end());
+  return b;
+}
+
+// The parts are what docs/wire-format.md fixes: a float full part, a symmetric per-channel delta
+// part with one width, each of exactly its samples' rows and the frame's columns (an empty part
+// too); anything else is refused and the cache is left as it was.
+TEST(Aqsgd, PartsOfAnotherKindOrShapeAreRefused) {
+  AqsgdOptions options;
+  AqsgdSender sender(options);
+  const auto x = testing::GaussianTensor(2 * kRows, kCols, 8);
+  const Encoded first = sender.Encode(x.data(), {1, 2}, kRows, kCols);  // both full: the delta part is empty
+  AqsgdReceiver receiver(options);
+  receiver.Decode(first.bytes.data(), first.bytes.size());
+  const Encoded second = sender.Encode(x.data(), {1, 2}, kRows, kCols);  // both delta
+  const std::vector<uint8_t> delta(second.bytes.begin() + static_cast<long>(DeltaPartAt(second.bytes, 2) + 8), second.bytes.end());
+  EXPECT_EQ(WithDeltaPart(second.bytes, 2, delta), second.bytes) << "the helper rebuilds a frame as it was";
+  EncodeOptions affine;
+  std::vector<uint8_t> frame = WithDeltaPart(
+      second.bytes, 2, Encoder().Encode(x.data(), 2 * kRows, kCols, BitsTable::Uniform(4), affine).bytes);
+  EXPECT_THROW(receiver.Decode(frame.data(), frame.size()), Error) << "an affine delta part";
+  EncodeOptions symmetric;
+  symmetric.scheme = Scheme::kSymmetric;
+  std::vector<uint8_t> widths(kCols, 4);
+  frame = WithDeltaPart(second.bytes, 2,
+                        Encoder().Encode(x.data(), 2 * kRows, kCols, BitsTable::PerChannel(widths), symmetric).bytes);
+  EXPECT_THROW(receiver.Decode(frame.data(), frame.size()), Error) << "a delta part with a width per channel";
+  frame = WithDeltaPart(first.bytes, 2, Encoder().Encode(x.data(), 0, kCols + 1, BitsTable::Uniform(4), symmetric).bytes);
+  EXPECT_THROW(receiver.Decode(frame.data(), frame.size()), Error) << "an empty part of other columns";
+  EXPECT_EQ(receiver.cache_stats().entries, 2u);
+  EXPECT_NO_THROW(receiver.Decode(second.bytes.data(), second.bytes.size()));
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <zstd.h>
 
 #include <cmath>
+#include <limits>
 #include <cstring>
 #include <functional>
 
@@ -350,6 +351,65 @@ TEST_F(MalformedTest, DecompressionBombIsRefused) {
   b.resize(b.size() + 8);
   Reseal(&b);
   EXPECT_EQ(DecodeError(b), ErrorCode::kDataLoss);
+}
+
+// What docs/wire-format.md fixes beyond each field's range, refused behind a valid checksum.
+TEST_F(MalformedTest, WhatTheWrittenFormatFixesIsChecked) {
+  EXPECT_EQ(DecodeError(Modified(12, {4})), ErrorCode::kDataLoss) << "group_size on a per-channel message";
+  // 6 x 10 codes of 3 bits: 180 bits, so the last payload byte holds 4 bits and 4 of padding.
+  std::vector<uint8_t> padded = good_;
+  padded[padded.size() - 9] |= 0x80;
+  Reseal(&padded);
+  EXPECT_EQ(DecodeError(padded), ErrorCode::kDataLoss) << "a set bit after the last code";
+
+  EncodeOptions group;
+  group.granularity = Granularity::kGroup;
+  group.group_size = 4;
+  std::vector<uint8_t> b = Encoder().Encode(x_.data(), 6, 10, BitsTable::Uniform(3), group).bytes;
+  std::memset(b.data() + 12, 0, 4);
+  Reseal(&b);
+  EXPECT_EQ(DecodeError(b), ErrorCode::kDataLoss) << "group granularity without a group size";
+
+  EncodeOptions fp32;
+  fp32.scheme = Scheme::kFloat32;
+  const std::vector<uint8_t> floats = Encoder().Encode(x_.data(), 6, 10, BitsTable{}, fp32).bytes;
+  for (const size_t offset : {size_t{8}, size_t{32}}) {  // scale_format, bits_table_id
+    b = floats;
+    b[offset] = 1;
+    Reseal(&b);
+    EXPECT_EQ(DecodeError(b), ErrorCode::kDataLoss) << "a float message with byte " << offset << " set";
+  }
+
+  EncodeOptions symmetric;
+  symmetric.scheme = Scheme::kSymmetric;
+  b = Encoder().Encode(x_.data(), 6, 10, BitsTable::Uniform(3), symmetric).bytes;
+  EXPECT_NO_THROW(Decoder().Decode(b.data(), b.size()));
+  b[48 + 1 + 2 * 10] |= 0x07;  // the first code becomes 7 = 2^3 - 1 (after the table and ten steps)
+  Reseal(&b);
+  EXPECT_EQ(DecodeError(b), ErrorCode::kDataLoss) << "symmetric code 2^b - 1";
+}
+
+// A finite value that a 16-bit cast would turn into infinity is refused by the encoder, with the
+// way out; it used to arrive as infinity and be refused by the receiver as divergence.
+TEST(Codec, SixteenBitCastsRefuseValuesBeyondTheirRange) {
+  const auto encode = [](float value, Scheme scheme) {
+    std::vector<float> x(8, 1.0f);
+    x[3] = value;
+    EncodeOptions o;
+    o.scheme = scheme;
+    return Encoder().Encode(x.data(), 2, 4, BitsTable{}, o);
+  };
+  try {
+    encode(70000.0f, Scheme::kFloat16);
+    ADD_FAILURE() << "70000 does not fit fp16";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("beyond the range of fp16"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(encode(65504.0f, Scheme::kFloat16));
+  EXPECT_NO_THROW(encode(70000.0f, Scheme::kBFloat16));
+  EXPECT_THROW(encode(std::numeric_limits<float>::max(), Scheme::kBFloat16), Error);
+  EXPECT_NO_THROW(encode(std::numeric_limits<float>::max(), Scheme::kFloat32));
 }
 
 // A message whose header declares a shape far above the step's (1 GiB of fp32 zeros from 32 KiB

@@ -42,9 +42,15 @@ int main(int argc, char** argv) {
   EncodeOptions per_token;
   per_token.granularity = Granularity::kToken;
   write(Encoder().Encode(x.data(), 6, 10, BitsTable::PerToken({8, 7, 6, 5, 4, 3}), per_token).bytes);
+  for (Scheme s : {Scheme::kFloat32, Scheme::kAffine}) {  // no rows: what an empty AQ-SGD part is
+    EncodeOptions o;
+    o.scheme = s;
+    write(Encoder().Encode(x.data(), 0, 10, BitsTable::Uniform(4), o).bytes);
+  }
   AqsgdSender sender(AqsgdOptions{});
-  write(sender.Encode(x.data(), {1, 2, 3}, 2, 10).bytes);
-  write(sender.Encode(x.data(), {1, 2, 4}, 2, 10).bytes);
+  write(sender.Encode(x.data(), {1, 2, 3}, 2, 10).bytes);  // all full: an empty delta part
+  write(sender.Encode(x.data(), {1, 2, 4}, 2, 10).bytes);  // both parts
+  write(sender.Encode(x.data(), {1, 2, 3}, 2, 10).bytes);  // all deltas: an empty full part
   std::printf("wrote %d seeds to %s\n", n, dir.c_str());
   return 0;
 }
