@@ -18,6 +18,7 @@ namespace amaq::client {
 class LocalTransport : public Transport {
  public:
   // `max_chunk_bytes` and `server_id` as the gRPC service would announce them (its defaults).
+  // `server` must outlive the transport.
   explicit LocalTransport(server::SplitServer& server, size_t max_chunk_bytes = 1 << 20,
                           std::string server_id = "amaq-server")
       : server_(server), max_chunk_bytes_(max_chunk_bytes), server_id_(std::move(server_id)) {}

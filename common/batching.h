@@ -25,6 +25,7 @@ struct Batch {
 
 class ExampleEncoder {
  public:
+  // `tokenizer` must outlive the encoder.
   ExampleEncoder(const Tokenizer& tokenizer, int64_t bos_id, int64_t eos_id, int64_t max_tokens);
 
   // Token ids of prompt and completion such that prompt_ids + completion_ids tokenizes

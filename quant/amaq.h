@@ -55,6 +55,7 @@ class AmaqQuantizer {
   // Quantizes x [rows, channels] (rows = batch * sequence). Returns x_hat on x's device and dtype,
   // differentiable to x (straight-through) and to the gates. `wire`, when not null, receives the
   // codec message: decoding it yields x_hat bit for bit. `encoder` is the activation stream.
+  // x_hat's autograd node points at this quantizer: it must outlive every backward through x_hat.
   torch::Tensor Quantize(const torch::Tensor& x, Encoder& encoder, Encoded* wire = nullptr);
 
   // The codec options of its messages (affine, per channel or per token).

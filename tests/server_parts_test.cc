@@ -1,0 +1,149 @@
+// Parts of the server's network side on their own: the StepAssembler (chunks to steps) and the
+// TokenStore (bearer tokens from a file, reloaded when it changes).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+
+#include "common/error.h"
+#include "proto/step_messages.h"
+#include "server/step_assembler.h"
+#include "server/token_store.h"
+
+namespace amaq::server {
+namespace {
+
+StepLimits Limits() {
+  StepLimits limits;
+  limits.max_chunk_bytes = 8;
+  limits.max_chunks = 4;
+  limits.max_step_bytes = 20;
+  limits.shape.vocab_size = 100;
+  return limits;
+}
+
+StepInput TrainStep(int64_t step_id, size_t activation_bytes) {
+  StepInput in;
+  in.step_id = step_id;
+  in.batch = 1;
+  in.tokens = 2;
+  in.mask = {1, 1};
+  in.labels = {-100, 5};
+  in.sample_ids = {3};
+  in.activation.resize(activation_bytes);
+  for (size_t i = 0; i < activation_bytes; ++i) in.activation[i] = static_cast<uint8_t>(i);
+  return in;
+}
+
+ErrorCode AddError(StepAssembler& assembler, const v1::StepRequest& chunk) {
+  try {
+    assembler.Add(chunk);
+  } catch (const Error& e) {
+    return e.code();
+  }
+  return ErrorCode::kInternal;
+}
+
+TEST(StepAssembler, ReassemblesAStepFromItsChunks) {
+  StepAssembler assembler(Limits());
+  const StepInput sent = TrainStep(4, 19);
+  const auto chunks = StepRequests(sent, 8);
+  ASSERT_EQ(chunks.size(), 3u);
+  EXPECT_FALSE(assembler.Add(chunks[0]));
+  EXPECT_TRUE(assembler.partial());
+  EXPECT_FALSE(assembler.Add(chunks[1]));
+  EXPECT_TRUE(assembler.Add(chunks[2]));
+  EXPECT_FALSE(assembler.partial());
+  const StepInput got = assembler.Take();
+  EXPECT_EQ(got.step_id, 4);
+  EXPECT_EQ(got.activation, sent.activation);
+  EXPECT_EQ(got.mask, sent.mask);
+  EXPECT_EQ(got.labels, sent.labels);
+  EXPECT_EQ(got.sample_ids, sent.sample_ids);
+}
+
+// Each rule, broken once; the partial step is dropped and the next step assembles.
+TEST(StepAssembler, RefusesChunksThatBreakTheRulesAndStartsAfresh) {
+  StepAssembler assembler(Limits());
+  auto chunks = StepRequests(TrainStep(0, 16), 8);
+  EXPECT_EQ(AddError(assembler, chunks[1]), ErrorCode::kInvalidArgument) << "out of order";
+  assembler.Add(chunks[0]);
+  auto other = chunks[1];
+  other.set_step_id(9);
+  EXPECT_EQ(AddError(assembler, other), ErrorCode::kInvalidArgument) << "another step's chunk";
+  EXPECT_FALSE(assembler.partial());
+  auto big = chunks[0];
+  big.set_payload(std::string(9, 'x'));
+  EXPECT_EQ(AddError(assembler, big), ErrorCode::kInvalidArgument) << "a chunk above max_chunk_bytes";
+  auto many = chunks[0];
+  many.set_chunk_count(5);
+  EXPECT_EQ(AddError(assembler, many), ErrorCode::kInvalidArgument) << "more than max_chunks";
+  const auto over = StepRequests(TrainStep(0, 24), 8);  // three full chunks: 24 > 20 bytes
+  assembler.Add(over[0]);
+  assembler.Add(over[1]);
+  EXPECT_EQ(AddError(assembler, over[2]), ErrorCode::kResourceExhausted) << "above max_step_bytes";
+  StepInput bad_fields = TrainStep(0, 4);
+  bad_fields.labels[1] = 100;  // the vocabulary has 100 tokens
+  EXPECT_EQ(AddError(assembler, StepRequests(bad_fields, 8)[0]), ErrorCode::kInvalidArgument) << "fields";
+  EXPECT_FALSE(assembler.partial());
+  for (const auto& chunk : chunks) assembler.Add(chunk);
+  EXPECT_EQ(assembler.Take().activation.size(), 16u);
+}
+
+class TokenStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ::testing::TempDir() + "/amaq-tokens-" + std::to_string(getpid());
+    std::filesystem::create_directories(dir_);
+    path_ = dir_ + "/tokens";
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  // Writes the file and moves its time forward, so that the change shows on any file system.
+  void Write(const std::string& text) {
+    std::ofstream(path_) << text;
+    stamp_ += std::chrono::seconds(1);
+    std::filesystem::last_write_time(path_, stamp_);
+  }
+  std::string dir_, path_;
+  std::filesystem::file_time_type stamp_ = std::filesystem::file_time_type::clock::now();
+};
+
+TEST_F(TokenStoreTest, NamesTheOwnerOfEachTokenAndIgnoresBadLines) {
+  Write("# clients\nclient-1 aaaaaaaaaaaaaaaa\noperator bbbbbbbbbbbbbbbb admin\nshort tooshort\n"
+        "client-2 cccccccccccccccc boss\n");
+  TokenStore tokens(path_);
+  EXPECT_TRUE(tokens.enabled());
+  const auto one = tokens.OwnerOf("aaaaaaaaaaaaaaaa");
+  ASSERT_TRUE(one);
+  EXPECT_EQ(one->client, "client-1");
+  EXPECT_FALSE(one->admin);
+  EXPECT_TRUE(tokens.OwnerOf("bbbbbbbbbbbbbbbb")->admin);
+  EXPECT_FALSE(tokens.OwnerOf("tooshort")) << "tokens under 16 characters are ignored";
+  EXPECT_FALSE(tokens.OwnerOf("cccccccccccccccc")) << "an unknown role is ignored";
+  EXPECT_FALSE(tokens.OwnerOf(""));
+}
+
+TEST_F(TokenStoreTest, ReloadsOnChangeAndFailsClosedWhenTheFileIsGone) {
+  Write("client-1 aaaaaaaaaaaaaaaa\nclient-2 dddddddddddddddd\n");
+  TokenStore tokens(path_);
+  EXPECT_TRUE(tokens.OwnerOf("dddddddddddddddd"));
+  Write("client-1 aaaaaaaaaaaaaaaa\n");  // client-2 revoked
+  EXPECT_FALSE(tokens.OwnerOf("dddddddddddddddd"));
+  EXPECT_TRUE(tokens.OwnerOf("aaaaaaaaaaaaaaaa"));
+  std::filesystem::remove(path_);
+  EXPECT_FALSE(tokens.OwnerOf("aaaaaaaaaaaaaaaa")) << "a deleted file revokes every token";
+  Write("client-1 aaaaaaaaaaaaaaaa\n");
+  EXPECT_TRUE(tokens.OwnerOf("aaaaaaaaaaaaaaaa")) << "and the file's return restores them";
+}
+
+TEST_F(TokenStoreTest, RefusesAMissingOrEmptyFileAtStart) {
+  EXPECT_THROW(TokenStore{path_}, Error);
+  Write("# nobody\n");
+  EXPECT_THROW(TokenStore{path_}, Error);
+  EXPECT_FALSE(TokenStore("").enabled());
+}
+
+}  // namespace
+}  // namespace amaq::server
