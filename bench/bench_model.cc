@@ -24,7 +24,7 @@ double TokensPerSecond(const ModelConfig& c, const std::string& dir, bool lora, 
   SetComputeThreads(threads);
   ModelPart model(c, PartSpec::Whole(c));
   LoadPartWeights(model, dir);
-  if (lora) model->AddLora(LoraConfig{16, 32, 0.0, {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}});
+  if (lora) model->AddLora(LoraConfig{});  // the programs' adapter: rank 16 on every projection
   const int64_t batch = 16, tokens = 64;
   const torch::Tensor ids = torch::randint(c.vocab_size, {batch, tokens}, torch::kLong);
   const torch::Tensor mask = torch::ones({batch, tokens}, torch::kLong);

@@ -1,27 +1,92 @@
 #include "client/client_config.h"
 
 #include <cstdint>
+#include <fstream>
 
 #include "common/error.h"
 #include "common/lora_keys.h"
+#include "common/option_keys.h"
 
 namespace amaq::client {
 
-Config ClientConfig() {
-  Config c("amaq-client");
-  c.AddString("server", "localhost:50051", "amaq-server address (host:port)");
-  c.AddString("client_id", "client-0", "this client's name (must match its token)");
-  c.AddString("token", "", "bearer token (prefer token_file)");
-  c.AddString("token_file", "", "file holding the bearer token");
+namespace {
+
+// The keys that set ClientOptions fields (common/option_keys.h): their defaults are the struct's.
+template <typename Keys>
+void ClientOptionKeys(Keys& keys) {
+  using O = ClientOptions;
+  keys.String("client_id", &O::client_id, "this client's name (must match its token)");
+  keys.String("model", &O::model_dir, "Hugging Face model directory (the same base model as the server)");
+  keys.Int("cut_layer", &O::cut_layer, "layers [0, cut) run here", 0, 1000);
+  keys.String("method", &O::method, "fp32 | bf16 | fp16 | fixed:<b>[:<granularity>[:<G>]] | amaq[:<bmax>-><bmin>] | amaq:budget=<b>[:uniform] | aqsgd:<b>; a quantized one may end in :grad=<b>");
+  keys.Int("steps", &O::steps, "training steps", 0, INT64_MAX);
+  keys.Int("batch", &O::batch, "sequences per step", 1, 1 << 20);
+  keys.Int("max_tokens", &O::max_tokens, "longest sequence (prompt cut from the left)", 4, 1 << 20);
+  keys.Group(&O::lora, AddLoraKeys, LoraFromConfig);
+  keys.Double("lr", &O::lr, "AdamW learning rate of the client's LoRA", 0, 10);
+  keys.Double("max_grad_norm", &O::max_grad_norm, "clip the client LoRA's gradient norm each step (0: off)", 0, 1e9);
+  keys.Int("seed", &O::seed, "seed of the data order and the LoRA initialisation (the server's must match)", 0, INT64_MAX);
+  keys.Int("eval_every", &O::eval_every, "steps between evaluations (0: only at the end)", 0, INT64_MAX);
+  keys.Int("eval_examples", &O::eval_examples, "validation examples per evaluation", 1, INT64_MAX);
+  keys.Int("eval_batch", &O::eval_batch, "sequences per evaluation request", 1, 1 << 20);
+  keys.Double("amaq_alpha", &O::amaq_alpha, "AMAQ gate sharpness alpha", 1e-6, 1e6);
+  keys.Double("amaq_beta", &O::amaq_beta, "AMAQ bit-regularizer weight beta", 0, 1e6);
+  keys.Double("amaq_gate_lr", &O::amaq_gate_lr, "AMAQ gates' Adam learning rate", 1e-9, 100);
+  keys.Int("amaq_warmup", &O::amaq_warmup, "AMAQ steps at bmax before the regularizer (or the budget's descent) starts", 0, INT64_MAX);
+  keys.Double("amaq_ramp_fraction", &O::amaq_ramp_fraction, "AMAQ budget: share of the steps after the warm-up spent descending to the target", 0.01, 1);
+  keys.Int("aqsgd_cache_mb", &O::aqsgd_cache_mb, "memory of the AQ-SGD cache before spilling", 1, 1 << 20);
+  keys.String("aqsgd_spill_dir", &O::aqsgd_spill_dir, "where the AQ-SGD cache spills (empty: the memory limit is hard)");
+  keys.String("csv", &O::csv_path, "per-step CSV of this run (empty: none)");
+  keys.String("checkpoint_dir", &O::checkpoint_dir, "directory for this client's checkpoints (empty: none)");
+  keys.Int("checkpoint_every", &O::checkpoint_every, "steps between checkpoints", 1, INT64_MAX);
+  keys.Int("sync_every", &O::sync_every, "collaborative mode: average the clients' adapters every N steps (0: off)", 0, INT64_MAX);
+  keys.String("adapter_out", &O::adapter_out, "export the client's LoRA here in PEFT format at the end (empty: no)");
+  keys.Double("retry_seconds", &O::retry_seconds, "how long to keep reconnecting to a lost server", 0, 1e9);
+  keys.Bool("progress", &O::progress, "progress bar on a terminal, log lines otherwise");
+}
+
+void AddTlsKeys(Config& c, const TlsFiles&) {
   c.AddString("tls_ca", "", "CA that signed the server's certificate (PEM)");
   c.AddString("tls_cert", "", "client certificate for mutual TLS (PEM, optional)");
   c.AddString("tls_key", "", "client private key for mutual TLS (PEM, optional)");
-  c.AddString("tls_server_name", "", "name to verify in the server's certificate (default: the host in server)");
-  c.AddBool("insecure", false, "plain-text gRPC: for tests on loopback only");
-  c.AddBool("meter", true, "count bytes at the socket through a local relay");
-  c.AddString("model", "models/amaq-base", "Hugging Face model directory (the same base model as the server)");
-  c.AddInt("cut_layer", 2, "layers [0, cut) run here", 0, 1000);
-  c.AddString("method", "amaq:8->3", "fp32 | bf16 | fp16 | fixed:<b>[:<granularity>[:<G>]] | amaq[:<bmax>-><bmin>] | amaq:budget=<b>[:uniform] | aqsgd:<b>; a quantized one may end in :grad=<b>");
+}
+
+TlsFiles TlsFrom(const Config& c) { return TlsFiles{c.String("tls_cert"), c.String("tls_key"), c.String("tls_ca")}; }
+
+void AddTokenKeys(Config& c, const std::string&) {
+  c.AddString("token", "", "bearer token (prefer token_file)");
+  c.AddString("token_file", "", "file holding the bearer token");
+}
+
+std::string TokenFrom(const Config& c) {
+  if (c.String("token_file").empty()) return c.String("token");
+  std::ifstream in(c.String("token_file"));
+  Require(in.good(), ErrorCode::kNotFound, c.String("token_file") + ": token file not found: give the path of the file "
+                                                                    "holding this client's token");
+  std::string token;
+  in >> token;
+  return token;
+}
+
+// The keys that set GrpcOptions fields.
+template <typename Keys>
+void GrpcOptionKeys(Keys& keys) {
+  using O = GrpcOptions;
+  keys.String("server", &O::server, "amaq-server address (host:port)");
+  keys.Group(&O::token, AddTokenKeys, TokenFrom);
+  keys.Group(&O::tls, AddTlsKeys, TlsFrom);
+  keys.String("tls_server_name", &O::server_name, "name to verify in the server's certificate (default: the host in server)");
+  keys.Bool("insecure", &O::insecure, "plain-text gRPC: for tests on loopback only");
+  keys.Bool("meter", &O::meter, "count bytes at the socket through a local relay");
+  keys.Double("call_timeout_seconds", &O::call_timeout_seconds, "give up on one call or step after this long and retry it (a stalled link)", 0.1, 1e6);
+}
+
+}  // namespace
+
+Config ClientConfig() {
+  Config c("amaq-client");
+  DeclareOptionKeys<GrpcOptions>(c, [](auto& keys) { GrpcOptionKeys(keys); });
+  DeclareOptionKeys<ClientOptions>(c, [](auto& keys) { ClientOptionKeys(keys); });
   c.AddString("task", "wordnet", "data set", {"wordnet", "verbs", "arithmetic", "jsonl"});
   c.AddString("data", "data", "data directory (scripts/fetch-data)");
   c.AddString("train_jsonl", "", "task jsonl: training file");
@@ -29,67 +94,17 @@ Config ClientConfig() {
   c.AddInt("shard_index", 0, "this client's share of the training data: examples i with i % shard_count == shard_index", 0, 1 << 20);
   c.AddInt("shard_count", 1, "number of shares", 1, 1 << 20);
   c.AddInt("max_train_examples", 0, "cap on this client's training examples (0: all)", 0, INT64_MAX);
-  c.AddInt("steps", 200, "training steps", 0, INT64_MAX);
-  c.AddInt("batch", 16, "sequences per step", 1, 1 << 20);
-  c.AddInt("max_tokens", 64, "longest sequence (prompt cut from the left)", 4, 1 << 20);
-  AddLoraKeys(c);
-  c.AddDouble("lr", 2e-3, "AdamW learning rate of the client's LoRA", 0, 10);
-  c.AddDouble("max_grad_norm", 0, "clip the client LoRA's gradient norm each step (0: off)", 0, 1e9);
-  c.AddInt("seed", 1, "seed of the data order and the LoRA initialisation (the server's must match)", 0, INT64_MAX);
-  c.AddInt("eval_every", 0, "steps between evaluations (0: only at the end)", 0, INT64_MAX);
-  c.AddInt("eval_examples", 200, "validation examples per evaluation", 1, INT64_MAX);
-  c.AddInt("eval_batch", 32, "sequences per evaluation request", 1, 1 << 20);
-  c.AddDouble("amaq_alpha", 1.0, "AMAQ gate sharpness alpha", 1e-6, 1e6);
-  c.AddDouble("amaq_beta", 0.01, "AMAQ bit-regularizer weight beta", 0, 1e6);
-  c.AddDouble("amaq_gate_lr", 0.05, "AMAQ gates' Adam learning rate", 1e-9, 100);
-  c.AddInt("amaq_warmup", 0, "AMAQ steps at bmax before the regularizer (or the budget's descent) starts", 0, INT64_MAX);
-  c.AddDouble("amaq_ramp_fraction", 0.5, "AMAQ budget: share of the steps after the warm-up spent descending to the target", 0.01, 1);
-  c.AddInt("aqsgd_cache_mb", 1024, "memory of the AQ-SGD cache before spilling", 1, 1 << 20);
-  c.AddString("aqsgd_spill_dir", "", "where the AQ-SGD cache spills (empty: the memory limit is hard)");
-  c.AddString("csv", "", "per-step CSV of this run (empty: none)");
-  c.AddString("checkpoint_dir", "", "directory for this client's checkpoints (empty: none)");
-  c.AddInt("checkpoint_every", 50, "steps between checkpoints", 1, INT64_MAX);
-  c.AddInt("sync_every", 0, "collaborative mode: average the clients' adapters every N steps (0: off)", 0, INT64_MAX);
-  c.AddString("adapter_out", "", "export the client's LoRA here in PEFT format at the end (empty: no)");
-  c.AddDouble("call_timeout_seconds", 60, "give up on one call or step after this long and retry it (a stalled link)", 0.1, 1e6);
-  c.AddDouble("retry_seconds", 120, "how long to keep reconnecting to a lost server", 0, 1e9);
   c.AddInt("threads", 0, "intra-op CPU threads (0: every core)", 0, 1024);
-  c.AddBool("progress", true, "progress bar on a terminal, log lines otherwise");
   c.AddString("log_level", "info", "spdlog level", {"trace", "debug", "info", "warn", "error"});
   return c;
 }
 
 ClientOptions ClientOptionsFrom(const Config& c) {
-  ClientOptions o;
-  o.client_id = c.String("client_id");
-  o.model_dir = c.String("model");
-  o.cut_layer = c.Int("cut_layer");
-  o.method = c.String("method");
-  o.lora = LoraFromConfig(c);
-  o.lr = c.Double("lr");
-  o.max_grad_norm = c.Double("max_grad_norm");
-  o.steps = c.Int("steps");
-  o.batch = c.Int("batch");
-  o.max_tokens = c.Int("max_tokens");
-  o.seed = static_cast<uint64_t>(c.Int("seed"));
-  o.eval_every = c.Int("eval_every");
-  o.eval_examples = c.Int("eval_examples");
-  o.eval_batch = c.Int("eval_batch");
-  o.amaq_alpha = c.Double("amaq_alpha");
-  o.amaq_beta = c.Double("amaq_beta");
-  o.amaq_gate_lr = c.Double("amaq_gate_lr");
-  o.amaq_warmup = c.Int("amaq_warmup");
-  o.amaq_ramp_fraction = c.Double("amaq_ramp_fraction");
-  o.aqsgd_cache_bytes = static_cast<uint64_t>(c.Int("aqsgd_cache_mb")) << 20;
-  o.aqsgd_spill_dir = c.String("aqsgd_spill_dir");
-  o.csv_path = c.String("csv");
-  o.checkpoint_dir = c.String("checkpoint_dir");
-  o.checkpoint_every = c.Int("checkpoint_every");
-  o.adapter_out = c.String("adapter_out");
-  o.sync_every = c.Int("sync_every");
-  o.retry_seconds = c.Double("retry_seconds");
-  o.progress = c.Bool("progress");
-  return o;
+  return OptionsFrom<ClientOptions>(c, [](auto& keys) { ClientOptionKeys(keys); });
+}
+
+GrpcOptions GrpcOptionsFrom(const Config& c) {
+  return OptionsFrom<GrpcOptions>(c, [](auto& keys) { GrpcOptionKeys(keys); });
 }
 
 Dataset LoadTask(const Config& c) {

@@ -1,8 +1,11 @@
 // The settings of amaq-client: every key, its type, default, range and help (docs/configuration.md
 // is generated from Help() and a test keeps the two equal), and what they make: the training
-// options and this client's share of the task's data (amaq-study builds its runs from them too).
+// options, the connection's options and this client's share of the task's data (amaq-study builds
+// its runs from them too). Keys that set an options field take their default from the struct
+// (common/option_keys.h).
 #pragma once
 
+#include "client/grpc_transport.h"
 #include "client/split_client.h"
 #include "common/config.h"
 #include "common/datasets.h"
@@ -12,6 +15,9 @@ namespace amaq::client {
 Config ClientConfig();
 // The SplitClient options the settings give.
 ClientOptions ClientOptionsFrom(const Config& c);
+// The connection's options (the token read from token_file when it is set; throws amaq::Error
+// kNotFound when that file is missing).
+GrpcOptions GrpcOptionsFrom(const Config& c);
 // The task's data set with this client's shard of the training examples (shard_index,
 // shard_count, max_train_examples). Throws amaq::Error (kNotFound) for missing data files.
 Dataset LoadTask(const Config& c);

@@ -4,7 +4,6 @@
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
-#include <fstream>
 #include <thread>
 
 #include "client/grpc_transport.h"
@@ -19,26 +18,9 @@ using namespace amaq;
 
 namespace {
 
-std::string ReadToken(const Config& c) {
-  if (c.String("token_file").empty()) return c.String("token");
-  std::ifstream in(c.String("token_file"));
-  Require(in.good(), ErrorCode::kNotFound, c.String("token_file") + ": token file not found");
-  std::string token;
-  in >> token;
-  return token;
-}
-
 int Run(const Config& c) {
   SetComputeThreads(static_cast<int>(c.Int("threads")));
-  client::GrpcOptions g;
-  g.server = c.String("server");
-  g.tls = TlsFiles{c.String("tls_cert"), c.String("tls_key"), c.String("tls_ca")};
-  g.insecure = c.Bool("insecure");
-  g.server_name = c.String("tls_server_name");
-  g.token = ReadToken(c);
-  g.meter = c.Bool("meter");
-  g.call_timeout_seconds = c.Double("call_timeout_seconds");
-  client::GrpcTransport transport(g);
+  client::GrpcTransport transport(client::GrpcOptionsFrom(c));
 
   const client::ClientOptions o = client::ClientOptionsFrom(c);
   client::SplitClient split(o, client::LoadTask(c), transport);

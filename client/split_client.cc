@@ -73,7 +73,7 @@ SplitClient::SplitClient(ClientOptions options, Dataset data, Transport& transpo
   context.amaq_gate_lr = options_.amaq_gate_lr;
   context.amaq_warmup = options_.amaq_warmup;
   context.amaq_ramp_fraction = options_.amaq_ramp_fraction;
-  context.cache_bytes = options_.aqsgd_cache_bytes;
+  context.cache_bytes = static_cast<uint64_t>(options_.aqsgd_cache_mb) << 20;
   context.spill_dir = options_.aqsgd_spill_dir;
   codec_ = method_->MakeClientCodec(context);
   fingerprint_ = ModelFingerprint(options_.model_dir, options_.cut_layer);

@@ -33,11 +33,12 @@
 
 namespace amaq::client {
 
+// The defaults here are amaq-client's (client/client_config.cc declares the keys that set them).
 struct ClientOptions {
   std::string client_id = "client-0";
-  std::string model_dir;
+  std::string model_dir = "models/amaq-base";
   int64_t cut_layer = 2;
-  std::string method = "bf16";
+  std::string method = "amaq:8->3";
   LoraConfig lora;
   double lr = 2e-3;
   double max_grad_norm = 0;      // clip the client LoRA's gradient norm per step (0: no clipping)
@@ -51,7 +52,7 @@ struct ClientOptions {
   double amaq_alpha = 1.0, amaq_beta = 0.01, amaq_gate_lr = 0.05;
   int64_t amaq_warmup = 0;
   double amaq_ramp_fraction = 0.5;  // budget mode: share of the post-warm-up steps descending
-  uint64_t aqsgd_cache_bytes = uint64_t{1} << 30;
+  int64_t aqsgd_cache_mb = 1024;
   std::string aqsgd_spill_dir;
   std::string csv_path;          // empty: no CSV
   std::string checkpoint_dir;    // empty: no checkpoints

@@ -11,12 +11,13 @@
 
 namespace amaq {
 
+// The defaults are the programs' (rank 16, alpha 32, every projection): what lora_* keys default to.
 struct LoraConfig {
-  int64_t rank = 8;
-  double alpha = 16.0;
+  int64_t rank = 16;
+  double alpha = 32.0;
   double dropout = 0.0;
   // PEFT target_modules names: any of q_proj k_proj v_proj o_proj gate_proj up_proj down_proj.
-  std::vector<std::string> target_modules = {"q_proj", "k_proj", "v_proj", "o_proj"};
+  std::vector<std::string> target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
 
   bool Targets(const std::string& module) const;
   void Validate() const;  // throws amaq::Error naming the bad field

@@ -6,12 +6,13 @@
 
 namespace amaq {
 
-void AddLoraKeys(Config& config) {
-  config.AddInt("lora_rank", 16, "LoRA rank r", 1, 4096);
-  config.AddDouble("lora_alpha", 32, "LoRA alpha (scaling alpha / r)", 1e-6, 1e6);
-  config.AddDouble("lora_dropout", 0.0, "LoRA dropout", 0, 0.99);
-  config.AddString("lora_targets", "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
-                   "comma-separated PEFT target_modules");
+void AddLoraKeys(Config& config, const LoraConfig& defaults) {
+  config.AddInt("lora_rank", defaults.rank, "LoRA rank r", 1, 4096);
+  config.AddDouble("lora_alpha", defaults.alpha, "LoRA alpha (scaling alpha / r)", 1e-6, 1e6);
+  config.AddDouble("lora_dropout", defaults.dropout, "LoRA dropout", 0, 0.99);
+  std::string targets;
+  for (const std::string& t : defaults.target_modules) targets += (targets.empty() ? "" : ",") + t;
+  config.AddString("lora_targets", targets, "comma-separated PEFT target_modules");
 }
 
 LoraConfig LoraFromConfig(const Config& config) {

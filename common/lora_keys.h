@@ -7,7 +7,8 @@
 
 namespace amaq {
 
-void AddLoraKeys(Config& config);
+// Declares the keys with `defaults`' values as their defaults.
+void AddLoraKeys(Config& config, const LoraConfig& defaults);
 LoraConfig LoraFromConfig(const Config& config);  // throws amaq::Error naming the bad key
 
 }  // namespace amaq

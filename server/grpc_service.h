@@ -31,6 +31,7 @@
 
 namespace amaq::server {
 
+// The defaults here are amaq-server's (server/server_config.cc declares the keys that set them).
 struct ServiceOptions {
   int max_chunk_bytes = 1 << 20;
   int max_chunks = 4096;

@@ -13,7 +13,6 @@
 
 #include "common/config.h"
 #include "common/error.h"
-#include "common/lora_keys.h"
 #include "common/program.h"
 #include "common/tcp_relay.h"
 #include "common/threads.h"
@@ -75,30 +74,12 @@ std::string ReadMetricsToken(const std::string& path) {
 int Run(const Config& c) {
   spdlog::info("configuration:\n{}", c.Dump());
   SetComputeThreads(static_cast<int>(c.Int("threads")));
-  server::ServerOptions o;
-  o.model_dir = c.String("model");
-  o.cut_layer = c.Int("cut_layer");
-  o.device = c.String("device");
-  o.lora = LoraFromConfig(c);
-  o.lr = c.Double("lr");
-  o.shared_lora = c.Bool("shared_lora");
-  o.max_grad_norm = c.Double("max_grad_norm");
-  o.checkpoint_dir = c.String("checkpoint_dir");
-  o.checkpoint_every = c.Int("checkpoint_every");
-  o.max_batch_tokens = c.Int("max_batch_tokens");
-  o.max_sequence_tokens = c.Int("max_sequence_tokens");
-  o.max_steps_per_second = c.Double("max_steps_per_second");
-  o.aqsgd_cache_bytes = static_cast<uint64_t>(c.Int("aqsgd_cache_mb")) << 20;
-  o.aqsgd_spill_dir = c.String("aqsgd_spill_dir");
-  o.seed = static_cast<uint64_t>(c.Int("seed"));
+  const server::ServerOptions o = server::ServerOptionsFrom(c);
   server::SplitServer split(o);
   if (c.String("tokens_file").empty()) spdlog::warn("no tokens_file: every client is accepted as the id it claims");
   if (c.Bool("insecure")) spdlog::warn("insecure: true: gRPC runs in plain text (tests only)");
   server::TokenStore tokens(c.String("tokens_file"));
-  server::ServiceOptions service_options;
-  service_options.max_chunk_bytes = static_cast<int>(c.Int("max_chunk_bytes"));
-  service_options.stall_timeout_seconds = c.Double("stall_timeout_seconds");
-  server::SplitTrainingService service(split, tokens, service_options);
+  server::SplitTrainingService service(split, tokens, server::ServiceOptionsFrom(c));
 
   // gRPC listens on loopback behind a front door (a TcpRelay on `listen`) that bounds the
   // connections open at once and keeps accepting when file descriptors run out: gRPC 1.51's own

@@ -3,8 +3,42 @@
 #include <cstdint>
 
 #include "common/lora_keys.h"
+#include "common/option_keys.h"
 
 namespace amaq::server {
+
+namespace {
+
+// The keys that set ServerOptions fields (common/option_keys.h): their defaults are the struct's.
+template <typename Keys>
+void ServerOptionKeys(Keys& keys) {
+  using O = ServerOptions;
+  keys.String("model", &O::model_dir, "Hugging Face model directory (config.json, safetensors)");
+  keys.Int("cut_layer", &O::cut_layer, "first layer the server runs; clients run the layers before it", 0, 1000);
+  keys.String("device", &O::device, "where the server's layers run", {"auto", "cpu", "cuda"});
+  keys.Group(&O::lora, AddLoraKeys, LoraFromConfig);
+  keys.Double("lr", &O::lr, "AdamW learning rate of the server's LoRA", 0, 10);
+  keys.Double("max_grad_norm", &O::max_grad_norm, "clip the server LoRA's gradient norm each step (0: off)", 0, 1e9);
+  keys.Bool("shared_lora", &O::shared_lora, "one server LoRA for all clients instead of one per client");
+  keys.String("checkpoint_dir", &O::checkpoint_dir, "directory for the server's checkpoints (empty: none)");
+  keys.Int("checkpoint_every", &O::checkpoint_every, "applied training steps between checkpoints", 1, 1000000000);
+  keys.Int("max_batch_tokens", &O::max_batch_tokens, "largest batch x tokens of one step", 1, 1 << 24);
+  keys.Int("max_sequence_tokens", &O::max_sequence_tokens, "longest row of a step (0: the model's max_position_embeddings, never more)", 0, 1 << 24);
+  keys.Double("max_steps_per_second", &O::max_steps_per_second, "per-client limit on training steps per second (0: none)", 0, 1e6);
+  keys.Int("aqsgd_cache_mb", &O::aqsgd_cache_mb, "memory of each client's AQ-SGD cache before spilling", 1, 1 << 20);
+  keys.String("aqsgd_spill_dir", &O::aqsgd_spill_dir, "where AQ-SGD caches spill (empty: the memory limit is hard)");
+  keys.Int("seed", &O::seed, "seed of the LoRA initialisation (clients use the same)", 0, INT64_MAX);
+}
+
+// The keys that set ServiceOptions fields.
+template <typename Keys>
+void ServiceOptionKeys(Keys& keys) {
+  using O = ServiceOptions;
+  keys.Int("max_chunk_bytes", &O::max_chunk_bytes, "largest tensor chunk per gRPC message", 1024, 64 << 20);
+  keys.Double("stall_timeout_seconds", &O::stall_timeout_seconds, "end a client's stream stuck this long in the middle of a step", 0.1, 1e6);
+}
+
+}  // namespace
 
 Config ServerConfig() {
   Config c("amaq-server");
@@ -12,34 +46,27 @@ Config ServerConfig() {
   c.AddInt("max_connections", 1024, "client connections open at once (capped by the open-files limit); more are closed", 8,
            1 << 20);
   c.AddString("port_file", "", "write the port actually bound to this file (for scripts using port 0)");
-  c.AddString("model", "models/amaq-base", "Hugging Face model directory (config.json, safetensors)");
-  c.AddInt("cut_layer", 2, "first layer the server runs; clients run the layers before it", 0, 1000);
-  c.AddString("device", "auto", "where the server's layers run", {"auto", "cpu", "cuda"});
-  AddLoraKeys(c);
-  c.AddDouble("lr", 2e-3, "AdamW learning rate of the server's LoRA", 0, 10);
-  c.AddDouble("max_grad_norm", 0, "clip the server LoRA's gradient norm each step (0: off)", 0, 1e9);
-  c.AddBool("shared_lora", false, "one server LoRA for all clients instead of one per client");
-  c.AddString("checkpoint_dir", "", "directory for the server's checkpoints (empty: none)");
-  c.AddInt("checkpoint_every", 100, "applied training steps between checkpoints", 1, 1000000000);
+  DeclareOptionKeys<ServerOptions>(c, [](auto& keys) { ServerOptionKeys(keys); });
   c.AddString("tls_cert", "", "server certificate chain (PEM)");
   c.AddString("tls_key", "", "server private key (PEM)");
   c.AddString("tls_client_ca", "", "CA of client certificates: set it to require mutual TLS");
   c.AddBool("insecure", false, "plain-text gRPC: for tests on loopback only");
   c.AddString("tokens_file", "", "file of \"client_id token\" lines; empty accepts any client (tests only)");
-  c.AddInt("max_chunk_bytes", 1 << 20, "largest tensor chunk per gRPC message", 1024, 64 << 20);
-  c.AddDouble("stall_timeout_seconds", 30, "end a client's stream stuck this long in the middle of a step", 0.1, 1e6);
-  c.AddInt("max_batch_tokens", 65536, "largest batch x tokens of one step", 1, 1 << 24);
-  c.AddInt("max_sequence_tokens", 0, "longest row of a step (0: the model's max_position_embeddings, never more)", 0, 1 << 24);
-  c.AddDouble("max_steps_per_second", 0, "per-client limit on training steps per second (0: none)", 0, 1e6);
+  DeclareOptionKeys<ServiceOptions>(c, [](auto& keys) { ServiceOptionKeys(keys); });
   c.AddString("metrics_listen", "",
               "address:port of the Prometheus /metrics endpoint, or a port for 127.0.0.1:port (empty: off)");
   c.AddString("metrics_token_file", "", "file holding the bearer token /metrics requires (empty: none; then bind to 127.0.0.1)");
-  c.AddInt("aqsgd_cache_mb", 1024, "memory of each client's AQ-SGD cache before spilling", 1, 1 << 20);
-  c.AddString("aqsgd_spill_dir", "", "where AQ-SGD caches spill (empty: the memory limit is hard)");
   c.AddInt("threads", 0, "intra-op CPU threads (0: every core)", 0, 1024);
-  c.AddInt("seed", 1, "seed of the LoRA initialisation (clients use the same)", 0, INT64_MAX);
   c.AddString("log_level", "info", "spdlog level", {"trace", "debug", "info", "warn", "error"});
   return c;
+}
+
+ServerOptions ServerOptionsFrom(const Config& c) {
+  return OptionsFrom<ServerOptions>(c, [](auto& keys) { ServerOptionKeys(keys); });
+}
+
+ServiceOptions ServiceOptionsFrom(const Config& c) {
+  return OptionsFrom<ServiceOptions>(c, [](auto& keys) { ServiceOptionKeys(keys); });
 }
 
 }  // namespace amaq::server

@@ -1,11 +1,16 @@
 // The settings of amaq-server: every key, its type, default, range and help (docs/configuration.md
-// is generated from Help() and a test keeps the two equal).
+// is generated from Help() and a test keeps the two equal), and the options they make. Keys that
+// set an options field take their default from the struct (common/option_keys.h).
 #pragma once
 
 #include "common/config.h"
+#include "server/grpc_service.h"
+#include "server/split_server.h"
 
 namespace amaq::server {
 
 Config ServerConfig();
+ServerOptions ServerOptionsFrom(const Config& c);
+ServiceOptions ServiceOptionsFrom(const Config& c);
 
 }  // namespace amaq::server

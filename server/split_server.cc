@@ -156,7 +156,7 @@ SplitServer::Session& SplitServer::SessionOf(const std::string& client_id) {
 quant::CodecContext SplitServer::CodecContextFor(const std::string& client_id) const {
   quant::CodecContext context;
   context.channels = config_.hidden_size;
-  context.cache_bytes = options_.aqsgd_cache_bytes;
+  context.cache_bytes = static_cast<uint64_t>(options_.aqsgd_cache_mb) << 20;
   context.spill_dir = options_.aqsgd_spill_dir.empty() ? "" : options_.aqsgd_spill_dir + "/" + client_id;
   return context;
 }

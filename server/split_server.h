@@ -38,8 +38,9 @@
 
 namespace amaq::server {
 
+// The defaults here are amaq-server's (server/server_config.cc declares the keys that set them).
 struct ServerOptions {
-  std::string model_dir;
+  std::string model_dir = "models/amaq-base";
   int64_t cut_layer = 2;
   std::string device = "auto";  // auto | cpu | cuda
   LoraConfig lora;
@@ -51,7 +52,7 @@ struct ServerOptions {
   int64_t max_batch_tokens = 65536;
   int64_t max_sequence_tokens = 0;  // tokens per row; 0: the model's max_position_embeddings (never more)
   double max_steps_per_second = 0;  // per client; 0: no limit (RESOURCE_EXHAUSTED above it)
-  uint64_t aqsgd_cache_bytes = uint64_t{1} << 30;
+  int64_t aqsgd_cache_mb = 1024;
   std::string aqsgd_spill_dir;
   uint64_t seed = 1;
 };

@@ -210,6 +210,8 @@ TEST(Peft, AdapterExportUsesPeftNamesAndReloads) {
   LoadPartWeights(server, base);
   LoraConfig lora;
   lora.rank = 2;
+  lora.alpha = 16;
+  lora.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj"};
   for (ModelPart* p : {&client, &server}) {
     (*p)->AddLora(lora);
     torch::NoGradGuard no_grad;

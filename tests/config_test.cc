@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "common/error.h"
+#include "common/option_keys.h"
 
 namespace amaq {
 namespace {
@@ -61,6 +62,46 @@ TEST(Config, MissingFileIsNotFound) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kNotFound);
   }
+}
+
+// common/option_keys.h: keys declared once against the fields they set.
+struct ToyOptions {
+  std::string method = "bf16";
+  int64_t steps = 5;
+  uint64_t seed = 3;
+  double lr = 0.25;
+  bool progress = true;
+  std::vector<int> sizes = {1, 2};
+};
+
+void AddSizes(Config& c, const std::vector<int>& defaults) {
+  c.AddInt("first_size", defaults.front(), "the first size", 0, 100);
+}
+std::vector<int> SizesFrom(const Config& c) { return {static_cast<int>(c.Int("first_size"))}; }
+
+template <typename Keys>
+void ToyKeys(Keys& keys) {
+  keys.String("method", &ToyOptions::method, "how to compress", {"bf16", "fp32"});
+  keys.Int("steps", &ToyOptions::steps, "steps", 0, 100);
+  keys.Int("seed", &ToyOptions::seed, "seed", 0, 100);
+  keys.Double("lr", &ToyOptions::lr, "learning rate", 0, 1);
+  keys.Bool("progress", &ToyOptions::progress, "bar");
+  keys.Group(&ToyOptions::sizes, AddSizes, SizesFrom);
+}
+
+TEST(OptionKeys, DefaultsComeFromTheStructAndValuesGoBackIntoIt) {
+  Config c("amaq-test");
+  DeclareOptionKeys<ToyOptions>(c, [](auto& keys) { ToyKeys(keys); });
+  EXPECT_NE(c.Help().find("--steps (an integer, default 5)"), std::string::npos) << c.Help();
+  EXPECT_NE(c.Help().find("--first_size (an integer, default 1)"), std::string::npos) << c.Help();
+  c.Load("lr: 0.5\nseed: 9\n", "test.yaml", {"--method", "fp32", "--first-size", "7"});
+  const ToyOptions o = OptionsFrom<ToyOptions>(c, [](auto& keys) { ToyKeys(keys); });
+  EXPECT_EQ(o.method, "fp32");
+  EXPECT_EQ(o.steps, 5);
+  EXPECT_EQ(o.seed, 9u);
+  EXPECT_DOUBLE_EQ(o.lr, 0.5);
+  EXPECT_TRUE(o.progress);
+  EXPECT_EQ(o.sizes, std::vector<int>{7});
 }
 
 }  // namespace

@@ -168,6 +168,8 @@ TEST(Finetune, ShortRunLowersTheLoss) {
   o.lr = 2e-2;
   o.eval_examples = 5;
   o.progress = false;
+  o.lora.rank = 8;
+  o.lora.alpha = 16;
   o.lora.target_modules = {"q_proj", "v_proj", "up_proj", "down_proj"};
   const FinetuneResult r = FinetuneLocal(d, o);
   ASSERT_EQ(r.losses.size(), 60u);

@@ -146,6 +146,7 @@ TEST(Lora, ZeroBLeavesTheBaseModelAndOnlyLoraTrains) {
   const torch::Tensor base = model(ids, mask).detach();
   LoraConfig lora;
   lora.rank = 4;
+  lora.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj"};
   model->AddLora(lora);
   const torch::Tensor with_adapter = model(ids, mask);
   EXPECT_TRUE(torch::equal(with_adapter, base));

@@ -49,8 +49,11 @@ inline Dataset ParityDataset(int examples) {
   return d;
 }
 
+// Every projection at rank 8, alpha 16: the adapter the tests' margins were measured with.
 inline LoraConfig AllTargets() {
   LoraConfig lora;
+  lora.rank = 8;
+  lora.alpha = 16;
   lora.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
   return lora;
 }

@@ -18,9 +18,6 @@ int main(int argc, char** argv) {
   CLI::App app{"amaq-finetune: local LoRA fine-tuning and evaluation"};
   FinetuneOptions o;
   o.model_dir = "models/amaq-base";
-  o.lora.rank = 16;
-  o.lora.alpha = 32;
-  o.lora.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
   std::string task = "wordnet", data = "data";
   int threads = static_cast<int>(std::thread::hardware_concurrency());
   app.add_option("--model", o.model_dir, "Hugging Face model directory")->capture_default_str();
