@@ -17,9 +17,9 @@
 #include "amaq/v1/split_training.grpc.pb.h"
 #include "client/grpc_transport.h"
 #include "client/split_client.h"
-#include "common/datasets.h"
-#include "common/threads.h"
-#include "common/tls.h"
+#include "common/text/datasets.h"
+#include "common/model/threads.h"
+#include "common/net/tls.h"
 #include "process.h"
 
 using namespace amaq;

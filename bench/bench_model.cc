@@ -12,9 +12,9 @@
 #include <cstdio>
 #include <string>
 
-#include "common/checkpoint.h"
-#include "common/model.h"
-#include "common/threads.h"
+#include "common/model/checkpoint.h"
+#include "common/model/model.h"
+#include "common/model/threads.h"
 
 using namespace amaq;
 

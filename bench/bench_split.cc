@@ -10,8 +10,8 @@
 
 #include "client/grpc_transport.h"
 #include "client/split_client.h"
-#include "common/datasets.h"
-#include "common/threads.h"
+#include "common/text/datasets.h"
+#include "common/model/threads.h"
 #include "server/grpc_service.h"
 
 using namespace amaq;

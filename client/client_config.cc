@@ -3,15 +3,15 @@
 #include <cstdint>
 #include <fstream>
 
-#include "common/error.h"
-#include "common/lora_keys.h"
-#include "common/option_keys.h"
+#include "common/base/error.h"
+#include "common/model/lora_keys.h"
+#include "common/base/option_keys.h"
 
 namespace amaq::client {
 
 namespace {
 
-// The keys that set ClientOptions fields (common/option_keys.h): their defaults are the struct's.
+// The keys that set ClientOptions fields (common/base/option_keys.h): their defaults are the struct's.
 template <typename Keys>
 void ClientOptionKeys(Keys& keys) {
   using O = ClientOptions;

@@ -2,13 +2,13 @@
 // is generated from Help() and a test keeps the two equal), and what they make: the training
 // options, the connection's options and this client's share of the task's data (amaq-study builds
 // its runs from them too). Keys that set an options field take their default from the struct
-// (common/option_keys.h).
+// (common/base/option_keys.h).
 #pragma once
 
 #include "client/grpc_transport.h"
 #include "client/split_client.h"
-#include "common/config.h"
-#include "common/datasets.h"
+#include "common/base/config.h"
+#include "common/text/datasets.h"
 
 namespace amaq::client {
 

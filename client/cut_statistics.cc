@@ -1,6 +1,6 @@
 #include "client/cut_statistics.h"
 
-#include "common/error.h"
+#include "common/base/error.h"
 
 namespace amaq::client {
 

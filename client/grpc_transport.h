@@ -11,9 +11,9 @@
 
 #include "amaq/v1/split_training.grpc.pb.h"
 #include "client/transport.h"
-#include "common/error.h"
-#include "common/tcp_relay.h"
-#include "common/tls.h"
+#include "common/base/error.h"
+#include "common/net/tcp_relay.h"
+#include "common/net/tls.h"
 
 namespace amaq::client {
 

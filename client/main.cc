@@ -9,10 +9,10 @@
 #include "client/grpc_transport.h"
 #include "client/client_config.h"
 #include "client/split_client.h"
-#include "common/config.h"
-#include "common/error.h"
-#include "common/program.h"
-#include "common/threads.h"
+#include "common/base/config.h"
+#include "common/base/error.h"
+#include "common/base/program.h"
+#include "common/model/threads.h"
 
 using namespace amaq;
 

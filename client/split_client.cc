@@ -7,12 +7,12 @@
 #include <sstream>
 #include <thread>
 
-#include "common/atomic_file.h"
-#include "common/checkpoint.h"
-#include "common/error.h"
-#include "common/evaluate.h"
-#include "common/finetune.h"
-#include "common/progress.h"
+#include "common/base/atomic_file.h"
+#include "common/model/checkpoint.h"
+#include "common/base/error.h"
+#include "common/model/evaluate.h"
+#include "common/model/finetune.h"
+#include "common/base/progress.h"
 
 namespace amaq::client {
 namespace {

@@ -23,11 +23,11 @@
 
 #include "client/cut_statistics.h"
 #include "client/transport.h"
-#include "common/batching.h"
-#include "common/datasets.h"
-#include "common/finetune.h"
-#include "common/lora.h"
-#include "common/model.h"
+#include "common/model/batching.h"
+#include "common/text/datasets.h"
+#include "common/model/finetune.h"
+#include "common/model/lora.h"
+#include "common/model/model.h"
 #include "quant/cut_codec.h"
 #include "quant/method.h"
 

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "common/split_step.h"
+#include "common/base/split_step.h"
 
 namespace amaq::client {
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "amaq/v1/split_training.pb.h"
-#include "common/split_step.h"
+#include "common/base/split_step.h"
 
 namespace amaq {
 

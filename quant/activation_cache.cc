@@ -4,7 +4,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "common/error.h"
+#include "common/base/error.h"
 
 namespace amaq::quant {
 

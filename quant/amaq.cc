@@ -3,7 +3,7 @@
 #include <cmath>
 #include <string>
 
-#include "common/error.h"
+#include "common/base/error.h"
 #include "quant/tensor_codec.h"
 
 namespace amaq::quant {

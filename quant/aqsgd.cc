@@ -4,7 +4,7 @@
 #include <string>
 #include <unordered_set>
 
-#include "common/error.h"
+#include "common/base/error.h"
 #include "quant/byte_io.h"
 #include "quant/checksum.h"
 

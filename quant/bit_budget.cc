@@ -5,7 +5,7 @@
 #include <numeric>
 #include <string>
 
-#include "common/error.h"
+#include "common/base/error.h"
 
 namespace amaq::quant {
 namespace {

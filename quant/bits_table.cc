@@ -3,7 +3,7 @@
 #include <numeric>
 #include <string>
 
-#include "common/error.h"
+#include "common/base/error.h"
 
 namespace amaq::quant {
 

@@ -10,7 +10,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "common/error.h"
+#include "common/base/error.h"
 
 namespace amaq::quant {
 

@@ -7,7 +7,7 @@
 #include <limits>
 #include <string>
 
-#include "common/error.h"
+#include "common/base/error.h"
 #include "quant/bitpack.h"
 #include "quant/byte_io.h"
 #include "quant/checksum.h"

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <string>
 
-#include "common/error.h"
+#include "common/base/error.h"
 #include "quant/half.h"
 #include "quant/kernels.h"
 

@@ -3,7 +3,7 @@
 #include <map>
 #include <sstream>
 
-#include "common/error.h"
+#include "common/base/error.h"
 #include "quant/methods/amaq.h"
 #include "quant/methods/aqsgd.h"
 #include "quant/methods/fixed.h"

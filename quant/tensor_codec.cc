@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "common/error.h"
+#include "common/base/error.h"
 
 namespace amaq::quant {
 

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <random>
 
-#include "common/error.h"
+#include "common/base/error.h"
 #include "proto/grpc_status.h"
 #include "proto/step_messages.h"
 

@@ -11,12 +11,12 @@
 #include <sstream>
 #include <thread>
 
-#include "common/config.h"
-#include "common/error.h"
-#include "common/program.h"
-#include "common/tcp_relay.h"
-#include "common/threads.h"
-#include "common/tls.h"
+#include "common/base/config.h"
+#include "common/base/error.h"
+#include "common/base/program.h"
+#include "common/net/tcp_relay.h"
+#include "common/model/threads.h"
+#include "common/net/tls.h"
 #include "server/grpc_service.h"
 #include "server/server_config.h"
 #include "server/metrics_http.h"

@@ -9,8 +9,8 @@
 #include <chrono>
 #include <thread>
 
-#include "common/error.h"
-#include "common/tcp_relay.h"
+#include "common/base/error.h"
+#include "common/net/tcp_relay.h"
 
 namespace amaq::server {
 

@@ -2,14 +2,14 @@
 
 #include <cstdint>
 
-#include "common/lora_keys.h"
-#include "common/option_keys.h"
+#include "common/model/lora_keys.h"
+#include "common/base/option_keys.h"
 
 namespace amaq::server {
 
 namespace {
 
-// The keys that set ServerOptions fields (common/option_keys.h): their defaults are the struct's.
+// The keys that set ServerOptions fields (common/base/option_keys.h): their defaults are the struct's.
 template <typename Keys>
 void ServerOptionKeys(Keys& keys) {
   using O = ServerOptions;

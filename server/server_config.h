@@ -1,9 +1,9 @@
 // The settings of amaq-server: every key, its type, default, range and help (docs/configuration.md
 // is generated from Help() and a test keeps the two equal), and the options they make. Keys that
-// set an options field take their default from the struct (common/option_keys.h).
+// set an options field take their default from the struct (common/base/option_keys.h).
 #pragma once
 
-#include "common/config.h"
+#include "common/base/config.h"
 #include "server/grpc_service.h"
 #include "server/split_server.h"
 

@@ -10,10 +10,10 @@
 #include <numeric>
 #include <sstream>
 
-#include "common/atomic_file.h"
-#include "common/checkpoint.h"
-#include "common/error.h"
-#include "common/evaluate.h"
+#include "common/base/atomic_file.h"
+#include "common/model/checkpoint.h"
+#include "common/base/error.h"
+#include "common/model/evaluate.h"
 
 namespace amaq::server {
 

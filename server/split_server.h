@@ -30,9 +30,9 @@
 #include <string>
 #include <vector>
 
-#include "common/lora.h"
-#include "common/model.h"
-#include "common/split_step.h"
+#include "common/model/lora.h"
+#include "common/model/model.h"
+#include "common/base/split_step.h"
 #include "quant/cut_codec.h"
 #include "quant/method.h"
 

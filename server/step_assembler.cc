@@ -2,7 +2,7 @@
 
 #include <utility>
 
-#include "common/error.h"
+#include "common/base/error.h"
 
 namespace amaq::server {
 

@@ -3,14 +3,14 @@
 // Chunks must arrive in order (index 0..count-1), agree on step_id, kind and count, and stay within
 // the limits: at most max_chunks chunks of at most max_chunk_bytes, at most max_step_bytes in all
 // (the memory one client may make the server hold). The first chunk carries the step's fields;
-// a complete step is checked with CheckStepFields (common/split_step.h). Torch-free and
+// a complete step is checked with CheckStepFields (common/base/split_step.h). Torch-free and
 // network-free: the gRPC service feeds it, and so does the fuzz target over server messages.
 #pragma once
 
 #include <cstdint>
 
 #include "amaq/v1/split_training.pb.h"
-#include "common/split_step.h"
+#include "common/base/split_step.h"
 
 namespace amaq::server {
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <thread>
 
-#include "common/split_step.h"
+#include "common/base/split_step.h"
 #include "server/split_server.h"
 
 namespace amaq::server {

@@ -5,7 +5,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "common/error.h"
+#include "common/base/error.h"
 
 namespace amaq::server {
 

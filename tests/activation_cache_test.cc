@@ -6,7 +6,7 @@
 
 #include <filesystem>
 
-#include "common/error.h"
+#include "common/base/error.h"
 
 namespace amaq::quant {
 namespace {

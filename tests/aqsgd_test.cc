@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <random>
 
-#include "common/error.h"
+#include "common/base/error.h"
 #include "test_tensors.h"
 
 namespace amaq::quant {

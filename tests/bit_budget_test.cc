@@ -6,7 +6,7 @@
 #include <numeric>
 #include <random>
 
-#include "common/error.h"
+#include "common/base/error.h"
 
 namespace amaq::quant {
 namespace {

@@ -4,7 +4,7 @@
 
 #include <random>
 
-#include "common/error.h"
+#include "common/base/error.h"
 
 namespace amaq::quant {
 namespace {

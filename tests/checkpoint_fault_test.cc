@@ -9,7 +9,7 @@
 #include <fstream>
 
 #include "client/local_transport.h"
-#include "common/error.h"
+#include "common/base/error.h"
 #include "tiny_model.h"
 
 namespace amaq {

@@ -1,4 +1,4 @@
-#include "common/checkpoint.h"
+#include "common/model/checkpoint.h"
 
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "common/error.h"
+#include "common/base/error.h"
 #include "model_test_util.h"
 
 namespace amaq {

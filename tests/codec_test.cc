@@ -8,7 +8,7 @@
 #include <cstring>
 #include <functional>
 
-#include "common/error.h"
+#include "common/base/error.h"
 #include "quant/checksum.h"
 #include "quant/grid.h"
 #include "test_tensors.h"

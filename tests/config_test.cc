@@ -1,9 +1,9 @@
-#include "common/config.h"
+#include "common/base/config.h"
 
 #include <gtest/gtest.h>
 
-#include "common/error.h"
-#include "common/option_keys.h"
+#include "common/base/error.h"
+#include "common/base/option_keys.h"
 
 namespace amaq {
 namespace {
@@ -64,7 +64,7 @@ TEST(Config, MissingFileIsNotFound) {
   }
 }
 
-// common/option_keys.h: keys declared once against the fields they set.
+// common/base/option_keys.h: keys declared once against the fields they set.
 struct ToyOptions {
   std::string method = "bf16";
   int64_t steps = 5;

@@ -1,4 +1,4 @@
-#include "common/datasets.h"
+#include "common/text/datasets.h"
 
 #include <gtest/gtest.h>
 
@@ -6,7 +6,7 @@
 #include <fstream>
 #include <set>
 
-#include "common/error.h"
+#include "common/base/error.h"
 
 namespace amaq {
 namespace {

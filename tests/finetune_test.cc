@@ -1,15 +1,15 @@
-#include "common/finetune.h"
+#include "common/model/finetune.h"
 
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
 
-#include "common/batching.h"
-#include "common/checkpoint.h"
-#include "common/error.h"
-#include "common/evaluate.h"
-#include "common/sentencepiece_tokenizer.h"
+#include "common/model/batching.h"
+#include "common/model/checkpoint.h"
+#include "common/base/error.h"
+#include "common/model/evaluate.h"
+#include "common/text/sentencepiece_tokenizer.h"
 #include "tiny_model.h"
 
 namespace amaq {

@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "common/error.h"
+#include "common/base/error.h"
 #include "test_tensors.h"
 
 namespace amaq::quant {

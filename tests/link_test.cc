@@ -10,8 +10,8 @@
 #include <thread>
 #include <vector>
 
-#include "common/error.h"
-#include "common/tcp_relay.h"
+#include "common/base/error.h"
+#include "common/net/tcp_relay.h"
 
 namespace amaq {
 namespace {

@@ -1,9 +1,9 @@
-#include "common/model.h"
+#include "common/model/model.h"
 
 #include <gtest/gtest.h>
 
-#include "common/checkpoint.h"
-#include "common/error.h"
+#include "common/model/checkpoint.h"
+#include "common/base/error.h"
 #include "model_test_util.h"
 
 namespace amaq {

@@ -6,7 +6,7 @@
 
 #include <unistd.h>
 
-#include "common/model_config.h"
+#include "common/model/model_config.h"
 
 namespace amaq::testing {
 

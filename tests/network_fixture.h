@@ -16,8 +16,8 @@
 #include "client/grpc_transport.h"
 #include "client/local_transport.h"
 #include "client/split_client.h"
-#include "common/checkpoint.h"
-#include "common/tls.h"
+#include "common/model/checkpoint.h"
+#include "common/net/tls.h"
 #include "server/grpc_service.h"
 #include "tiny_model.h"
 

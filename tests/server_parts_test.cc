@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "common/error.h"
+#include "common/base/error.h"
 #include "proto/step_messages.h"
 #include "server/step_assembler.h"
 #include "server/token_store.h"

@@ -8,8 +8,8 @@
 
 #include "client/local_transport.h"
 #include "client/split_client.h"
-#include "common/error.h"
-#include "common/finetune.h"
+#include "common/base/error.h"
+#include "common/model/finetune.h"
 #include "quant/checksum.h"
 #include "quant/method.h"
 #include "server/split_server.h"

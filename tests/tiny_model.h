@@ -7,10 +7,10 @@
 #include <string>
 
 #include "client/split_client.h"
-#include "common/finetune.h"
-#include "common/checkpoint.h"
+#include "common/model/finetune.h"
+#include "common/model/checkpoint.h"
 #include "server/split_server.h"
-#include "common/sentencepiece_tokenizer.h"
+#include "common/text/sentencepiece_tokenizer.h"
 #include "model_test_util.h"
 
 namespace amaq::testing {

@@ -1,4 +1,4 @@
-#include "common/tokenizer.h"
+#include "common/text/tokenizer.h"
 
 #include <gtest/gtest.h>
 
@@ -8,9 +8,9 @@
 #include <fstream>
 #include <sstream>
 
-#include "common/bpe_tokenizer.h"
-#include "common/error.h"
-#include "common/sentencepiece_tokenizer.h"
+#include "common/text/bpe_tokenizer.h"
+#include "common/base/error.h"
+#include "common/text/sentencepiece_tokenizer.h"
 
 namespace amaq {
 namespace {

@@ -7,10 +7,10 @@
 
 #include <thread>
 
-#include "common/datasets.h"
-#include "common/error.h"
-#include "common/finetune.h"
-#include "common/threads.h"
+#include "common/text/datasets.h"
+#include "common/base/error.h"
+#include "common/model/finetune.h"
+#include "common/model/threads.h"
 
 using namespace amaq;
 

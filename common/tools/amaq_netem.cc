@@ -9,10 +9,10 @@
 
 #include <fstream>
 
-#include "common/config.h"
-#include "common/netem_config.h"
-#include "common/program.h"
-#include "common/tcp_relay.h"
+#include "common/base/config.h"
+#include "common/net/netem_config.h"
+#include "common/base/program.h"
+#include "common/net/tcp_relay.h"
 
 using namespace amaq;
 

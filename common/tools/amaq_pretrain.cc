@@ -18,16 +18,16 @@
 #include <sstream>
 #include <thread>
 
-#include "common/atomic_file.h"
-#include "common/batching.h"
-#include "common/checkpoint.h"
-#include "common/datasets.h"
-#include "common/error.h"
-#include "common/evaluate.h"
-#include "common/model.h"
-#include "common/progress.h"
-#include "common/sentencepiece_tokenizer.h"
-#include "common/threads.h"
+#include "common/base/atomic_file.h"
+#include "common/model/batching.h"
+#include "common/model/checkpoint.h"
+#include "common/text/datasets.h"
+#include "common/base/error.h"
+#include "common/model/evaluate.h"
+#include "common/model/model.h"
+#include "common/base/progress.h"
+#include "common/text/sentencepiece_tokenizer.h"
+#include "common/model/threads.h"
 
 namespace fs = std::filesystem;
 using namespace amaq;

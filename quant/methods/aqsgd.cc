@@ -1,6 +1,6 @@
 #include "quant/methods/aqsgd.h"
 
-#include "common/error.h"
+#include "common/base/error.h"
 #include "quant/aqsgd.h"
 #include "quant/tensor_codec.h"
 

@@ -4,7 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "common/error.h"
+#include "common/base/error.h"
 #include "quant/aqsgd.h"
 #include "quant/codec.h"
 

@@ -9,7 +9,7 @@
 #include <cstdint>
 
 #include "amaq/v1/split_training.pb.h"
-#include "common/error.h"
+#include "common/base/error.h"
 #include "quant/aqsgd.h"
 #include "quant/codec.h"
 #include "server/step_assembler.h"

@@ -1,0 +1,191 @@
+#include "common/base/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "common/base/error.h"
+
+namespace amaq {
+namespace {
+
+const char* TypeName(int type) {
+  static const char* names[] = {"a string", "an integer", "a number", "true or false"};
+  return names[type];
+}
+
+std::string Join(const std::vector<std::string>& items) {
+  std::string s;
+  for (size_t i = 0; i < items.size(); ++i) s += (i ? ", " : "") + items[i];
+  return s;
+}
+
+}  // namespace
+
+void Config::AddString(const std::string& key, const std::string& fallback, const std::string& help,
+                       std::vector<std::string> allowed) {
+  entries_[key] = Entry{Type::kString, fallback, help, std::move(allowed)};
+  order_.push_back(key);
+}
+
+void Config::AddInt(const std::string& key, int64_t fallback, const std::string& help, int64_t min, int64_t max) {
+  entries_[key] = Entry{Type::kInt, std::to_string(fallback), help, {}, static_cast<double>(min), static_cast<double>(max)};
+  order_.push_back(key);
+}
+
+void Config::AddDouble(const std::string& key, double fallback, const std::string& help, double min, double max) {
+  std::ostringstream text;
+  text << fallback;
+  entries_[key] = Entry{Type::kDouble, text.str(), help, {}, min, max};
+  order_.push_back(key);
+}
+
+void Config::AddBool(const std::string& key, bool fallback, const std::string& help) {
+  entries_[key] = Entry{Type::kBool, fallback ? "true" : "false", help, {}};
+  order_.push_back(key);
+}
+
+void Config::Set(const std::string& key, const std::string& text, const std::string& source) {
+  const auto it = entries_.find(key);
+  Require(it != entries_.end(), ErrorCode::kInvalidArgument,
+          source + ": unknown key '" + key + "' for " + program_ + " (run with --help for the keys)");
+  Entry& e = it->second;
+  const std::string where = source + ": '" + key + "' must be " + TypeName(static_cast<int>(e.type));
+  switch (e.type) {
+    case Type::kString:
+      Require(e.allowed.empty() || std::find(e.allowed.begin(), e.allowed.end(), text) != e.allowed.end(),
+              ErrorCode::kInvalidArgument,
+              source + ": '" + key + "' is '" + text + "'; allowed: " + Join(e.allowed));
+      e.value = text;
+      return;
+    case Type::kBool:
+      Require(text == "true" || text == "false", ErrorCode::kInvalidArgument, where + ", got '" + text + "'");
+      e.value = text;
+      return;
+    case Type::kInt:
+    case Type::kDouble: {
+      double v = 0;
+      size_t used = 0;
+      try {
+        v = std::stod(text, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      Require(used == text.size() && !text.empty() && std::isfinite(v) &&
+                  (e.type == Type::kDouble || v == std::floor(v)),
+              ErrorCode::kInvalidArgument, where + ", got '" + text + "'");
+      std::ostringstream range;
+      range << " in [" << e.min << ", " << e.max << "]";
+      Require(v >= e.min && v <= e.max, ErrorCode::kInvalidArgument, where + range.str() + ", got " + text);
+      e.value = text;
+      return;
+    }
+  }
+}
+
+void Config::Load(const std::string& yaml_text, const std::string& source, const std::vector<std::string>& flags) {
+  if (!yaml_text.empty()) {
+    YAML::Node root;
+    try {
+      root = YAML::Load(yaml_text);
+    } catch (const YAML::Exception& e) {
+      throw Error(ErrorCode::kInvalidArgument, source + ": not valid YAML (" + e.what() + ")");
+    }
+    Require(root.IsMap() || root.IsNull(), ErrorCode::kInvalidArgument,
+            source + ": must be a mapping of key: value lines");
+    for (const auto& item : root) {
+      const std::string key = item.first.as<std::string>();
+      Require(item.second.IsScalar(), ErrorCode::kInvalidArgument,
+              source + ": '" + key + "' must be a single value, not a list or mapping");
+      Set(key, item.second.as<std::string>(), source);
+    }
+  }
+  for (size_t i = 0; i < flags.size(); ++i) {
+    const std::string& flag = flags[i];
+    Require(flag.rfind("--", 0) == 0 && flag.size() > 2, ErrorCode::kInvalidArgument,
+            "command line: expected --key value, got '" + flag + "'");
+    std::string key = flag.substr(2), value;
+    const size_t eq = key.find('=');
+    if (eq != std::string::npos) {
+      value = key.substr(eq + 1);
+      key = key.substr(0, eq);
+    } else {
+      const auto it = entries_.find(key);
+      const bool is_bool = it != entries_.end() && it->second.type == Type::kBool;
+      if (is_bool && (i + 1 == flags.size() || flags[i + 1].rfind("--", 0) == 0)) {
+        value = "true";  // a bare boolean flag
+      } else {
+        Require(i + 1 < flags.size(), ErrorCode::kInvalidArgument, "command line: --" + key + " needs a value");
+        value = flags[++i];
+      }
+    }
+    std::replace(key.begin(), key.end(), '-', '_');
+    Set(key, value, "command line");
+  }
+}
+
+bool Config::Parse(int argc, const char* const* argv) {
+  std::vector<std::string> flags;
+  std::string file;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      std::cout << Help();
+      return false;
+    }
+    if (arg == "--config") {
+      Require(i + 1 < argc, ErrorCode::kInvalidArgument, "command line: --config needs a file");
+      file = argv[++i];
+    } else if (arg.rfind("--config=", 0) == 0) {
+      file = arg.substr(9);
+    } else {
+      flags.push_back(arg);
+    }
+  }
+  std::string text;
+  if (!file.empty()) {
+    std::ifstream in(file);
+    Require(in.good(), ErrorCode::kNotFound, file + ": config file not found (given by --config)");
+    text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  Load(text, file.empty() ? "config" : file, flags);
+  return true;
+}
+
+const Config::Entry& Config::Get(const std::string& key, Type type) const {
+  const auto it = entries_.find(key);
+  Require(it != entries_.end() && it->second.type == type, ErrorCode::kInternal,
+          program_ + " reads undeclared config key '" + key + "'");
+  return it->second;
+}
+
+std::string Config::String(const std::string& key) const { return Get(key, Type::kString).value; }
+int64_t Config::Int(const std::string& key) const { return std::stoll(Get(key, Type::kInt).value); }
+double Config::Double(const std::string& key) const { return std::stod(Get(key, Type::kDouble).value); }
+bool Config::Bool(const std::string& key) const { return Get(key, Type::kBool).value == "true"; }
+
+std::string Config::Dump() const {
+  std::string out;
+  for (const std::string& key : order_) {
+    const Entry& e = entries_.at(key);
+    out += key + ": " + (e.type == Type::kString ? "\"" + e.value + "\"" : e.value) + "\n";
+  }
+  return out;
+}
+
+std::string Config::Help() const {
+  std::string out = "usage: " + program_ + " [--config FILE.yaml] [--key value ...]\n\nkeys (YAML or flags):\n";
+  for (const std::string& key : order_) {
+    const Entry& e = entries_.at(key);
+    out += "  --" + key + " (" + TypeName(static_cast<int>(e.type)) + ", default " + e.value + ")\n      " + e.help;
+    if (!e.allowed.empty()) out += " [" + Join(e.allowed) + "]";
+    out += "\n";
+  }
+  return out;
+}
+
+}  // namespace amaq

@@ -1,0 +1,26 @@
+// The error boundary of amaq's programs (docs/architecture.md, "Errors"): parses the settings,
+// sets the log level, runs the program, and turns what escapes into a log line and an exit code:
+// 0 done, 1 failed, 2 bad settings (amaq::Error kInvalidArgument).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+#include "common/base/config.h"
+
+namespace amaq {
+
+int RunProgram(Config& config, int argc, char** argv, const std::function<int(const Config&)>& run);
+
+// SIGINT and SIGTERM stop the long-running programs (amaq-server, amaq-netem) cleanly.
+// BlockStopSignals() blocks them in the calling thread: call it first in main, so that every
+// thread started later inherits the mask and the signals wait for WaitForStopSignal, which returns
+// the signal, or 0 when `seconds` (> 0) passed first.
+void BlockStopSignals();
+int WaitForStopSignal(double seconds = 0);
+
+// Raises this process's open-files limit (RLIMIT_NOFILE) to its hard limit, so that a server
+// holds as many connections as the system allows; returns the limit now in force.
+uint64_t RaiseOpenFilesLimit();
+
+}  // namespace amaq

@@ -1,0 +1,38 @@
+#include "common/base/split_step.h"
+
+#include "common/base/error.h"
+
+namespace amaq {
+
+void CheckStepFields(const StepInput& in, const StepShapeLimits& limits) {
+  Require(in.step_id >= 0, ErrorCode::kInvalidArgument,
+          "step id " + std::to_string(in.step_id) + " is negative: steps count up from 0");
+  Require(in.batch > 0 && in.tokens > 0 && in.batch <= limits.max_batch_tokens && in.tokens <= limits.max_batch_tokens &&
+              in.batch * in.tokens <= limits.max_batch_tokens,
+          ErrorCode::kInvalidArgument,
+          "step shape batch " + std::to_string(in.batch) + " x tokens " + std::to_string(in.tokens) +
+              " is empty or above the server's max_batch_tokens " + std::to_string(limits.max_batch_tokens));
+  Require(in.tokens <= limits.max_sequence_tokens, ErrorCode::kInvalidArgument,
+          "step rows have " + std::to_string(in.tokens) + " tokens, above the server's max_sequence_tokens " +
+              std::to_string(limits.max_sequence_tokens) + " (at most the model's positions): send shorter sequences");
+  const int64_t n = in.batch * in.tokens;
+  Require(static_cast<int64_t>(in.mask.size()) == n && static_cast<int64_t>(in.labels.size()) == n,
+          ErrorCode::kInvalidArgument, "attention_mask and labels must have batch x tokens entries");
+  const int32_t top = in.kind == StepKind::kScore ? kMaxCandidateSegments + 1 : 1;
+  bool any_token = false, any_label = false;  // the loss predicts labels from position 1 on
+  for (int64_t i = 0; i < n; ++i) {
+    Require(in.mask[i] >= 0 && in.mask[i] <= top, ErrorCode::kInvalidArgument,
+            "attention_mask entry " + std::to_string(in.mask[i]) + " is outside 0.." + std::to_string(top) +
+                ": 0 padding, 1 token, and on SCORE steps 2.." + std::to_string(kMaxCandidateSegments + 1) +
+                " candidate segments");
+    Require(in.labels[i] == -100 || (in.labels[i] >= 0 && in.labels[i] < limits.vocab_size), ErrorCode::kInvalidArgument,
+            "label " + std::to_string(in.labels[i]) + " is not -100 or a token id below " + std::to_string(limits.vocab_size));
+    any_token = any_token || in.mask[i] != 0;
+    any_label = any_label || (i % in.tokens != 0 && in.labels[i] != -100);
+  }
+  Require(in.kind != StepKind::kTrain || (any_token && any_label), ErrorCode::kInvalidArgument,
+          "training step " + std::to_string(in.step_id) +
+              " has no token to learn (every label is -100 or every token is padding): leave such batches out");
+}
+
+}  // namespace amaq

@@ -1,0 +1,68 @@
+// The messages of one split-training step as both sides handle them, independent of how they
+// travel (gRPC in deployments, a direct call in tests). proto/amaq/v1/split_training.proto carries
+// exactly these fields, chunked.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace amaq {
+
+enum class StepKind { kTrain = 0, kScore = 1, kNextToken = 2 };
+
+struct JoinInfo {
+  std::string client_id;
+  std::string fingerprint;
+  int64_t cut_layer = 0;
+  std::string method;
+};
+
+struct StepInput {
+  int64_t step_id = 0;
+  StepKind kind = StepKind::kTrain;
+  std::vector<uint64_t> sample_ids;
+  int64_t batch = 0, tokens = 0;
+  std::vector<int32_t> mask, labels;  // batch * tokens each
+  std::vector<uint8_t> activation;    // codec message (or AQ-SGD frame)
+};
+
+struct StepResult {
+  int64_t step_id = 0;
+  float loss = 0;
+  bool duplicate = false;             // applied before: the stored answer, not applied again
+  std::vector<float> scores;          // kScore: one per row, or batch x segments for packed rows
+  std::vector<int64_t> next_tokens;   // kNextToken
+  std::vector<uint8_t> gradient;      // codec message (kTrain)
+  double average_bits = 0;            // of the activation, as the server decoded it
+  double server_seconds = 0;          // the server's compute time (decode, forward, backward, encode)
+};
+
+// SCORE steps may pack candidate segments in a row: mask values 2..kMaxCandidateSegments + 1
+// (common/model/model.h), each scored apart (StepResult::scores holds batch x segments values).
+constexpr int32_t kMaxCandidateSegments = 1024;
+
+// What a server accepts of one step's shape.
+struct StepShapeLimits {
+  int64_t max_batch_tokens = 65536;     // batch x tokens
+  int64_t max_sequence_tokens = 2048;   // tokens per row: at most the model's max_position_embeddings
+  int64_t vocab_size = 0;
+};
+
+// Checks what can be checked of a step without the model: a step id >= 0; batch x tokens within
+// the limits; mask and labels with batch x tokens entries, mask entries 0 or 1 (SCORE: up to
+// kMaxCandidateSegments + 1), labels -100 or a token id below vocab_size; a TRAIN step with a
+// token that is not padding and a label after position 0 (an all-padding step would move the
+// optimizer's state for nothing).
+// Throws amaq::Error (kInvalidArgument) naming the field.
+void CheckStepFields(const StepInput& in, const StepShapeLimits& limits);
+
+// Named tensors as plain floats (collaborative adapter averaging).
+struct NamedFloat {
+  std::vector<int64_t> shape;
+  std::vector<float> values;
+};
+using NamedFloats = std::map<std::string, NamedFloat>;
+
+}  // namespace amaq

@@ -1,0 +1,156 @@
+#include "common/model/checkpoint.h"
+
+#include <nlohmann/json.hpp>
+#include <xxhash.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <set>
+#include <fstream>
+
+#include "common/base/atomic_file.h"
+#include "common/base/error.h"
+
+namespace amaq {
+namespace {
+
+constexpr char kPeftPrefix[] = "base_model.model.";
+
+std::string Join(const std::string& dir, const std::string& name) {
+  return (std::filesystem::path(dir) / name).string();
+}
+
+}  // namespace
+
+CheckpointReader CheckpointReader::Open(const std::string& dir) {
+  CheckpointReader reader;
+  reader.dir_ = dir;
+  const std::string index = Join(dir, "model.safetensors.index.json");
+  const std::string single = Join(dir, "model.safetensors");
+  if (std::filesystem::exists(index)) {
+    std::ifstream in(index);
+    nlohmann::json json;
+    try {
+      in >> json;
+      for (const auto& [tensor, file] : json.at("weight_map").items()) {
+        reader.file_of_[tensor] = file.get<std::string>();
+      }
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(ErrorCode::kDataLoss, index + ": not a valid safetensors index (" + e.what() + ")");
+    }
+  } else {
+    Require(std::filesystem::exists(single), ErrorCode::kNotFound,
+            dir + ": has neither model.safetensors nor model.safetensors.index.json: "
+                  "point --model at a Hugging Face model directory");
+    const SafetensorsFile& file = reader.File("model.safetensors");
+    for (const std::string& name : file.Names()) reader.file_of_[name] = "model.safetensors";
+  }
+  return reader;
+}
+
+const SafetensorsFile& CheckpointReader::File(const std::string& file) const {
+  auto it = open_.find(file);
+  if (it == open_.end()) {
+    it = open_.emplace(file, std::make_shared<SafetensorsFile>(SafetensorsFile::Open(Join(dir_, file)))).first;
+  }
+  return *it->second;
+}
+
+torch::Tensor CheckpointReader::Load(const std::string& name, const std::vector<int64_t>& shape,
+                                     torch::Dtype dtype) const {
+  const auto it = file_of_.find(name);
+  Require(it != file_of_.end(), ErrorCode::kNotFound,
+          dir_ + ": checkpoint has no tensor '" + name + "': it does not match config.json");
+  return File(it->second).Load(name, dtype, &shape);
+}
+
+void LoadPartWeights(ModelPart& part, const std::string& dir) {
+  const CheckpointReader reader = CheckpointReader::Open(dir);
+  torch::NoGradGuard no_grad;
+  for (auto& [name, param] : part->HfParameters()) {
+    std::string stored = name;
+    if (name == "lm_head.weight" && !reader.Has(name) && part->config().tie_word_embeddings) {
+      stored = "model.embed_tokens.weight";  // tied checkpoints store the embedding only
+    }
+    param.copy_(reader.Load(stored, param.sizes().vec(), param.scalar_type()));
+  }
+}
+
+void SaveModel(ModelPart& whole, const std::string& dir, torch::Dtype dtype) {
+  const PartSpec& spec = whole->spec();
+  const ModelConfig& config = whole->config();
+  Require(spec.embed && spec.head && spec.first_layer == 0 && spec.end_layer == config.num_hidden_layers,
+          ErrorCode::kInvalidArgument, "SaveModel writes whole models only");
+  std::filesystem::create_directories(dir);
+  NamedTensors tensors;
+  for (auto& [name, tensor] : whole->HfParameters()) {
+    if (name == "lm_head.weight" && config.tie_word_embeddings) continue;
+    tensors.emplace_back(name, tensor);
+  }
+  WriteSafetensors(Join(dir, "model.safetensors"), tensors, dtype, {{"format", "pt"}});
+  ModelConfig written = config;
+  written.torch_dtype = dtype == torch::kBFloat16 ? "bfloat16" : dtype == torch::kHalf ? "float16" : "float32";
+  WriteFileAtomically(Join(dir, "config.json"), written.ToJson().dump(2) + "\n");
+}
+
+void SavePeftAdapter(const std::vector<ModelPart*>& parts, const LoraConfig& lora,
+                     const std::string& base_model, const std::string& dir) {
+  std::filesystem::create_directories(dir);
+  NamedTensors tensors;
+  for (ModelPart* part : parts) {
+    for (auto& [name, tensor] : (*part)->LoraParameters()) tensors.emplace_back(kPeftPrefix + name, tensor);
+  }
+  Require(!tensors.empty(), ErrorCode::kFailedPrecondition, "no LoRA weights to export: add adapters first");
+  WriteSafetensors(Join(dir, "adapter_model.safetensors"), tensors, torch::kFloat, {{"format", "pt"}});
+  const nlohmann::json config = {
+      {"peft_type", "LORA"},        {"task_type", "CAUSAL_LM"},
+      {"r", lora.rank},             {"lora_alpha", lora.alpha},
+      {"lora_dropout", lora.dropout}, {"target_modules", lora.target_modules},
+      {"bias", "none"},             {"fan_in_fan_out", false},
+      {"inference_mode", true},     {"init_lora_weights", true},
+      {"modules_to_save", nullptr}, {"base_model_name_or_path", base_model},
+      {"revision", nullptr},
+  };
+  WriteFileAtomically(Join(dir, "adapter_config.json"), config.dump(2) + "\n");
+}
+
+std::string ModelFingerprint(const std::string& dir, int64_t cut_layer) {
+  const ModelConfig config = ModelConfig::Load(Join(dir, "config.json"));
+  std::string material = config.ToJson().dump() + "\ncut=" + std::to_string(cut_layer) + "\n";
+  const std::string index = Join(dir, "model.safetensors.index.json");
+  std::vector<std::string> files;
+  if (std::filesystem::exists(index)) {
+    std::ifstream in(index);
+    std::set<std::string> shards;
+    for (const auto& [tensor, file] : nlohmann::json::parse(in).at("weight_map").items()) shards.insert(file.get<std::string>());
+    files.assign(shards.begin(), shards.end());
+  } else {
+    files.push_back("model.safetensors");
+  }
+  for (const std::string& f : files) {
+    const SafetensorsFile file = SafetensorsFile::Open(Join(dir, f));
+    for (const std::string& name : file.Names()) {
+      const TensorEntry& e = file.Entry(name);
+      material += f + ":" + name + ":" + e.dtype + ":" + std::to_string(e.begin) + "-" + std::to_string(e.end) + "\n";
+    }
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(XXH3_64bits(material.data(), material.size())));
+  return hex;
+}
+
+int LoadPeftAdapter(ModelPart& part, const std::string& dir) {
+  const SafetensorsFile file = SafetensorsFile::Open(Join(dir, "adapter_model.safetensors"));
+  torch::NoGradGuard no_grad;
+  int loaded = 0;
+  for (auto& [name, tensor] : part->LoraParameters()) {
+    const std::string key = kPeftPrefix + name;
+    if (!file.Has(key)) continue;
+    const std::vector<int64_t> shape = tensor.sizes().vec();
+    tensor.copy_(file.Load(key, tensor.scalar_type(), &shape));
+    ++loaded;
+  }
+  return loaded;
+}
+
+}  // namespace amaq

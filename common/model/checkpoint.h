@@ -1,0 +1,53 @@
+// Hugging Face model directories and PEFT adapters.
+//
+// A model directory holds config.json and the weights as model.safetensors, or as shards listed
+// by model.safetensors.index.json ({"weight_map": {tensor: file}}). LoadPartWeights reads only the
+// tensors of the layers a part runs (a client never maps the server's layers). SaveModel writes a
+// directory that transformers' from_pretrained loads; SavePeftAdapter writes adapter_config.json +
+// adapter_model.safetensors under PEFT's key names (base_model.model.<name>.lora_A.weight).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "common/model/lora.h"
+#include "common/model/model.h"
+#include "common/model/safetensors.h"
+
+namespace amaq {
+
+class CheckpointReader {
+ public:
+  // Throws amaq::Error (kNotFound) when the directory has neither model.safetensors nor an index.
+  static CheckpointReader Open(const std::string& dir);
+  bool Has(const std::string& name) const { return file_of_.count(name) != 0; }
+  // Loads `name` as `dtype`, checking its shape; errors name the file and the tensor.
+  torch::Tensor Load(const std::string& name, const std::vector<int64_t>& shape, torch::Dtype dtype) const;
+
+ private:
+  const SafetensorsFile& File(const std::string& file) const;
+  std::string dir_;
+  std::map<std::string, std::string> file_of_;  // tensor -> file name within dir_
+  mutable std::map<std::string, std::shared_ptr<SafetensorsFile>> open_;
+};
+
+// Copies the part's base weights from the directory (in the part's parameter dtype).
+void LoadPartWeights(ModelPart& part, const std::string& dir);
+
+// Writes config.json and model.safetensors for a whole model (a part with embedding and head).
+void SaveModel(ModelPart& whole, const std::string& dir, torch::Dtype dtype = torch::kFloat);
+
+// Writes the LoRA weights of `parts` (e.g. a client's and a server's) as one PEFT adapter.
+void SavePeftAdapter(const std::vector<ModelPart*>& parts, const LoraConfig& lora,
+                     const std::string& base_model, const std::string& dir);
+// XXH3 (hex) of config.json, the safetensors headers (tensor names, dtypes, shapes, offsets) and
+// the cut layer: client and server compare it to know they hold the same base model split at the
+// same layer. It reads headers only, never the weights.
+std::string ModelFingerprint(const std::string& dir, int64_t cut_layer);
+
+// Reads an adapter written by SavePeftAdapter (or PEFT) into the matching LoRA weights of `part`;
+// tensors of layers the part does not hold are skipped. Returns how many tensors were loaded.
+int LoadPeftAdapter(ModelPart& part, const std::string& dir);
+
+}  // namespace amaq

@@ -1,0 +1,120 @@
+#include "common/model/evaluate.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/base/error.h"
+
+namespace amaq {
+namespace {
+
+// Pointers to examples [begin, begin + count), cut at the end.
+std::vector<const Example*> Slice(const std::vector<Example>& examples, size_t begin, int64_t count) {
+  std::vector<const Example*> out;
+  for (size_t k = begin; k < std::min(examples.size(), begin + static_cast<size_t>(count)); ++k) out.push_back(&examples[k]);
+  return out;
+}
+
+}  // namespace
+
+torch::Tensor SequenceLogProbs(const torch::Tensor& logits, const torch::Tensor& labels, const torch::Tensor& mask) {
+  const torch::Tensor log_probs = torch::log_softmax(logits.slice(1, 0, -1).to(torch::kFloat), -1);
+  const torch::Tensor target = labels.slice(1, 1);
+  const torch::Tensor valid = target != -100;
+  const torch::Tensor picked = log_probs.gather(-1, target.clamp_min(0).unsqueeze(-1)).squeeze(-1) * valid;
+  const int64_t segments = std::max<int64_t>(mask.max().item<int64_t>() - 1, 0);
+  if (segments == 0) return picked.sum(1, /*keepdim=*/true);
+  // Each labelled position counts for the segment of the token it predicts.
+  const torch::Tensor segment = (mask.slice(1, 1).to(picked.device()) - 2).clamp_min(0);
+  return torch::zeros({picked.size(0), segments}, picked.options()).scatter_add_(1, segment, picked);
+}
+
+torch::Tensor LastTokenArgmax(const torch::Tensor& logits, const torch::Tensor& mask) {
+  const torch::Tensor last = mask.sum(1) - 1;  // right padding: the last real position
+  const torch::Tensor rows = torch::arange(logits.size(0), torch::kLong);
+  return logits.index({rows, last}).argmax(-1);
+}
+
+double ClassificationAccuracy(const SequenceScorer& score, const ExampleEncoder& encoder,
+                              const Dataset& dataset, const std::vector<Example>& examples,
+                              int64_t batch_size, int64_t max_row_tokens) {
+  Require(dataset.is_classification(), ErrorCode::kInvalidArgument,
+          dataset.name + " is not a classification data set: use exact match");
+  if (examples.empty()) return 0.0;
+  torch::NoGradGuard no_grad;
+  const std::vector<std::vector<std::string>> groups = encoder.CandidateGroups(dataset.labels, max_row_tokens);
+  int64_t correct = 0;
+  for (size_t i = 0; i < examples.size(); i += static_cast<size_t>(batch_size)) {
+    const std::vector<const Example*> chunk = Slice(examples, i, batch_size);
+    std::vector<torch::Tensor> parts;
+    for (const std::vector<std::string>& group : groups) {
+      const torch::Tensor part = score(encoder.MakeCandidateBatch(chunk, group));
+      Require(part.dim() == 2 && part.size(0) == static_cast<int64_t>(chunk.size()) &&
+                  part.size(1) == static_cast<int64_t>(group.size()),
+              ErrorCode::kDataLoss, "the scorer returned " + std::to_string(part.numel()) + " scores for " +
+                                        std::to_string(chunk.size()) + " examples of " + std::to_string(group.size()) +
+                                        " labels: the server does not score candidate segments; update it");
+      parts.push_back(part);
+    }
+    const torch::Tensor best = torch::cat(parts, 1).argmax(1);
+    for (size_t e = 0; e < chunk.size(); ++e) correct += best[static_cast<int64_t>(e)].item<int64_t>() == chunk[e]->label;
+  }
+  return static_cast<double>(correct) / static_cast<double>(examples.size());
+}
+
+double ExactMatch(const GreedyStep& step, const ExampleEncoder& encoder, const std::vector<Example>& examples,
+                  int64_t max_new_tokens, int64_t batch_size) {
+  if (examples.empty()) return 0.0;
+  torch::NoGradGuard no_grad;
+  int64_t correct = 0;
+  for (size_t i = 0; i < examples.size(); i += static_cast<size_t>(batch_size)) {
+    const std::vector<const Example*> chunk = Slice(examples, i, batch_size);
+    Batch b = encoder.MakeBatch(chunk, std::vector<uint64_t>(chunk.size(), 0), /*with_completion=*/false);
+    std::vector<std::vector<int64_t>> generated(chunk.size());
+    std::vector<bool> done(chunk.size(), false);
+    torch::Tensor ids = b.ids, mask = b.mask;
+    for (int64_t t = 0; t < max_new_tokens; ++t) {
+      const torch::Tensor next = step(ids, mask);
+      // Append each row's token right after its last real token (rows are right-padded).
+      ids = torch::cat({ids, torch::zeros({ids.size(0), 1}, torch::kLong)}, 1);
+      mask = torch::cat({mask, torch::zeros({mask.size(0), 1}, torch::kLong)}, 1);
+      const torch::Tensor lengths = b.mask.sum(1) + t;
+      bool all_done = true;
+      for (size_t r = 0; r < chunk.size(); ++r) {
+        const int64_t token = next[static_cast<int64_t>(r)].item<int64_t>();
+        const int64_t at = lengths[static_cast<int64_t>(r)].item<int64_t>();
+        ids[static_cast<int64_t>(r)][at] = token;
+        mask[static_cast<int64_t>(r)][at] = 1;
+        if (!done[r]) {
+          if (token == encoder.eos_id()) {
+            done[r] = true;
+          } else {
+            generated[r].push_back(token);
+          }
+        }
+        all_done = all_done && done[r];
+      }
+      if (all_done) break;
+    }
+    for (size_t r = 0; r < chunk.size(); ++r) {
+      std::string text = encoder.tokenizer().Decode(generated[r]);
+      const size_t b0 = text.find_first_not_of(' ');
+      text = b0 == std::string::npos ? "" : text.substr(b0);
+      correct += text == chunk[r]->completion;
+    }
+  }
+  return static_cast<double>(correct) / static_cast<double>(examples.size());
+}
+
+double Perplexity(const SequenceScorer& score, const std::vector<Batch>& batches) {
+  torch::NoGradGuard no_grad;
+  double log_likelihood = 0, tokens = 0;
+  for (const Batch& b : batches) {
+    log_likelihood += score(b).sum().item<double>();
+    tokens += (b.labels.slice(1, 1) != -100).sum().item<double>();
+  }
+  Require(tokens > 0, ErrorCode::kInvalidArgument, "perplexity needs at least one labelled token");
+  return std::exp(-log_likelihood / tokens);
+}
+
+}  // namespace amaq

@@ -1,0 +1,70 @@
+#include "common/model/lora.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/base/error.h"
+
+namespace amaq {
+
+namespace {
+const std::vector<std::string> kKnownTargets = {"q_proj", "k_proj",  "v_proj", "o_proj",
+                                                "gate_proj", "up_proj", "down_proj"};
+}
+
+bool LoraConfig::Targets(const std::string& module) const {
+  return std::find(target_modules.begin(), target_modules.end(), module) != target_modules.end();
+}
+
+void LoraConfig::Validate() const {
+  Require(rank > 0, ErrorCode::kInvalidArgument, "lora.rank must be positive, got " + std::to_string(rank));
+  Require(alpha > 0, ErrorCode::kInvalidArgument, "lora.alpha must be positive");
+  Require(dropout >= 0 && dropout < 1, ErrorCode::kInvalidArgument, "lora.dropout must be in [0, 1)");
+  Require(!target_modules.empty(), ErrorCode::kInvalidArgument,
+          "lora.target_modules is empty: name at least one of q_proj k_proj v_proj o_proj gate_proj up_proj down_proj");
+  for (const std::string& t : target_modules) {
+    Require(std::find(kKnownTargets.begin(), kKnownTargets.end(), t) != kKnownTargets.end(),
+            ErrorCode::kInvalidArgument,
+            "lora.target_modules names '" + t + "': use q_proj k_proj v_proj o_proj gate_proj up_proj down_proj");
+  }
+}
+
+LoraLinearImpl::LoraLinearImpl(int64_t in_features, int64_t out_features, bool with_bias) {
+  weight = register_parameter("weight", torch::empty({out_features, in_features}).normal_(0, 0.02));
+  if (with_bias) bias = register_parameter("bias", torch::zeros({out_features}));
+}
+
+void LoraLinearImpl::AddAdapter(const LoraConfig& config) {
+  const int64_t out_features = weight.size(0), in_features = weight.size(1);
+  lora_A = register_module("lora_A", torch::nn::Linear(torch::nn::LinearOptions(in_features, config.rank).bias(false)));
+  lora_B = register_module("lora_B", torch::nn::Linear(torch::nn::LinearOptions(config.rank, out_features).bias(false)));
+  torch::NoGradGuard no_grad;
+  torch::nn::init::kaiming_uniform_(lora_A->weight, std::sqrt(5.0));
+  lora_B->weight.zero_();
+  lora_A->weight.set_data(lora_A->weight.to(weight.dtype()));
+  lora_B->weight.set_data(lora_B->weight.to(weight.dtype()));
+  dropout = register_module("lora_dropout", torch::nn::Dropout(config.dropout));
+  scaling = config.alpha / static_cast<double>(config.rank);
+  weight.set_requires_grad(false);
+  if (bias.defined()) bias.set_requires_grad(false);
+}
+
+torch::Tensor LoraLinearImpl::forward(const torch::Tensor& x) {
+  torch::Tensor y = torch::nn::functional::linear(x, weight, bias);
+  if (has_adapter()) y = y + lora_B(lora_A(dropout(x))) * scaling;
+  return y;
+}
+
+void LoraLinearImpl::Merge() {
+  if (!has_adapter()) return;
+  torch::NoGradGuard no_grad;
+  weight.add_(torch::matmul(lora_B->weight, lora_A->weight) * scaling);
+  unregister_module("lora_A");
+  unregister_module("lora_B");
+  unregister_module("lora_dropout");
+  lora_A = nullptr;
+  lora_B = nullptr;
+  dropout = nullptr;
+}
+
+}  // namespace amaq

@@ -1,0 +1,245 @@
+#include "common/model/model.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <xxhash.h>
+
+#include <cmath>
+
+#include "common/base/error.h"
+
+namespace amaq {
+namespace {
+
+constexpr double kMaskedScore = -1e9;  // large and finite: fully masked rows stay NaN-free
+
+torch::Tensor RotateHalf(const torch::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return torch::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1);
+}
+
+torch::Tensor ApplyRotary(const torch::Tensor& x, const Rotary& r) {
+  return x * r.cos + RotateHalf(x) * r.sin;
+}
+
+// Inverse frequencies of the rotary embedding, with LLaMA-3 or linear scaling if configured.
+torch::Tensor InverseFrequencies(const ModelConfig& c) {
+  const int64_t d = c.head_dim;
+  torch::Tensor inv = 1.0 / torch::pow(c.rope_theta, torch::arange(0, d, 2, torch::kDouble) / d);
+  if (!c.rope_scaling) return inv.to(torch::kFloat);
+  const RopeScaling& s = *c.rope_scaling;
+  if (s.type == "linear") return (inv / s.factor).to(torch::kFloat);
+  const double old_len = static_cast<double>(s.original_max_position_embeddings);
+  const double low_wavelen = old_len / s.low_freq_factor, high_wavelen = old_len / s.high_freq_factor;
+  const torch::Tensor wavelen = 2 * M_PI / inv;
+  const torch::Tensor smooth = (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+  const torch::Tensor smoothed = (1 - smooth) * inv / s.factor + smooth * inv;
+  torch::Tensor scaled = torch::where(wavelen > low_wavelen, inv / s.factor, inv);
+  scaled = torch::where((wavelen >= high_wavelen) & (wavelen <= low_wavelen), smoothed, scaled);
+  return scaled.to(torch::kFloat);
+}
+
+}  // namespace
+
+RMSNormImpl::RMSNormImpl(int64_t size, double epsilon) : eps(epsilon) {
+  weight = register_parameter("weight", torch::ones({size}));
+}
+
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+  const torch::Tensor x32 = x.to(torch::kFloat);
+  const torch::Tensor normed = x32 * torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return weight * normed.to(x.scalar_type());
+}
+
+AttentionImpl::AttentionImpl(const ModelConfig& c)
+    : heads(c.num_attention_heads), kv_heads(c.num_key_value_heads), head_dim(c.head_dim) {
+  q_proj = register_module("q_proj", LoraLinear(c.hidden_size, heads * head_dim, c.attention_bias));
+  k_proj = register_module("k_proj", LoraLinear(c.hidden_size, kv_heads * head_dim, c.attention_bias));
+  v_proj = register_module("v_proj", LoraLinear(c.hidden_size, kv_heads * head_dim, c.attention_bias));
+  o_proj = register_module("o_proj", LoraLinear(heads * head_dim, c.hidden_size, false));
+}
+
+torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const Rotary& rotary,
+                                     const torch::Tensor& mask) {
+  const int64_t b = x.size(0), t = x.size(1);
+  torch::Tensor q = q_proj(x).view({b, t, heads, head_dim}).transpose(1, 2);
+  torch::Tensor k = k_proj(x).view({b, t, kv_heads, head_dim}).transpose(1, 2);
+  torch::Tensor v = v_proj(x).view({b, t, kv_heads, head_dim}).transpose(1, 2);
+  q = ApplyRotary(q, rotary);
+  k = ApplyRotary(k, rotary);
+  if (kv_heads != heads) {  // grouped-query attention: each kv head serves heads / kv_heads queries
+    k = k.repeat_interleave(heads / kv_heads, 1);
+    v = v.repeat_interleave(heads / kv_heads, 1);
+  }
+  const torch::Tensor scores =
+      torch::matmul(q, k.transpose(-2, -1)).to(torch::kFloat) / std::sqrt(static_cast<double>(head_dim)) + mask;
+  const torch::Tensor probs = torch::softmax(scores, -1).to(v.scalar_type());
+  const torch::Tensor out = torch::matmul(probs, v).transpose(1, 2).reshape({b, t, heads * head_dim});
+  return o_proj(out);
+}
+
+MlpImpl::MlpImpl(const ModelConfig& c) {
+  gate_proj = register_module("gate_proj", LoraLinear(c.hidden_size, c.intermediate_size, false));
+  up_proj = register_module("up_proj", LoraLinear(c.hidden_size, c.intermediate_size, false));
+  down_proj = register_module("down_proj", LoraLinear(c.intermediate_size, c.hidden_size, false));
+}
+
+torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
+  return down_proj(torch::silu(gate_proj(x)) * up_proj(x));
+}
+
+DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c) {
+  self_attn = register_module("self_attn", Attention(c));
+  mlp = register_module("mlp", Mlp(c));
+  input_layernorm = register_module("input_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+  post_attention_layernorm = register_module("post_attention_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+}
+
+torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const Rotary& rotary,
+                                        const torch::Tensor& mask) {
+  const torch::Tensor h = x + self_attn(input_layernorm(x), rotary, mask);
+  return h + mlp(post_attention_layernorm(h));
+}
+
+ModelPartImpl::ModelPartImpl(const ModelConfig& config, PartSpec spec) : config_(config), spec_(spec) {
+  Require(spec.first_layer >= 0 && spec.first_layer <= spec.end_layer &&
+              spec.end_layer <= config.num_hidden_layers,
+          ErrorCode::kInvalidArgument,
+          "layer range [" + std::to_string(spec.first_layer) + ", " + std::to_string(spec.end_layer) +
+              ") lies outside the model's " + std::to_string(config.num_hidden_layers) +
+              " layers: choose a split point in 0.." + std::to_string(config.num_hidden_layers));
+  if (spec.embed) {
+    embed_tokens = register_module("embed_tokens", torch::nn::Embedding(config.vocab_size, config.hidden_size));
+    torch::NoGradGuard no_grad;
+    embed_tokens->weight.normal_(0, 0.02);
+  }
+  for (int64_t i = spec.first_layer; i < spec.end_layer; ++i) {
+    layers.push_back(register_module("layer" + std::to_string(i), DecoderLayer(config)));
+  }
+  if (spec.head) {
+    norm = register_module("norm", RMSNorm(config.hidden_size, config.rms_norm_eps));
+    lm_head = spec.embed && config.tie_word_embeddings
+                  ? embed_tokens->weight
+                  : register_parameter("lm_head", torch::empty({config.vocab_size, config.hidden_size}).normal_(0, 0.02));
+  }
+  inv_freq_ = register_buffer("inv_freq", InverseFrequencies(config));
+}
+
+Rotary ModelPartImpl::RotaryFor(const torch::Tensor& m, const torch::Tensor& same_segment,
+                                 const torch::Tensor& future, torch::Dtype dtype) const {
+  // Positions count context tokens only, so left- and right-padded batches agree with unpadded
+  // ones; a candidate segment's tokens continue from the context before them (model.h).
+  const torch::Tensor context = (m == 1).to(torch::kLong).cumsum(1);
+  const torch::Tensor same_segment_before = (same_segment & future.t()).sum(2);  // earlier tokens of i's segment
+  const torch::Tensor positions = torch::where(m >= 2, context + same_segment_before, (context - 1).clamp_min(0));
+  const torch::Tensor angles = positions.unsqueeze(-1).to(torch::kFloat) * inv_freq_;  // [B, T, D/2]
+  const torch::Tensor emb = torch::cat({angles, angles}, -1).unsqueeze(1);             // [B, 1, T, D]
+  return {emb.cos().to(dtype), emb.sin().to(dtype)};
+}
+
+torch::Tensor ModelPartImpl::forward(const torch::Tensor& input, const torch::Tensor& attention_mask) {
+  Require(attention_mask.dim() == 2 && attention_mask.size(0) == input.size(0) &&
+              attention_mask.size(1) == input.size(1),
+          ErrorCode::kInvalidArgument, "attention_mask must be [batch, tokens] like the input");
+  torch::Tensor x;
+  if (spec_.embed) {
+    Require(input.dim() == 2, ErrorCode::kInvalidArgument, "a part with the embedding takes token ids [batch, tokens]");
+    x = embed_tokens(input);
+  } else {
+    Require(input.dim() == 3 && input.size(2) == config_.hidden_size, ErrorCode::kInvalidArgument,
+            "this part takes hidden states [batch, tokens, " + std::to_string(config_.hidden_size) + "]");
+    x = input;
+  }
+  if (!layers.empty()) {
+    // Token i sees token j <= i when j is context, or j is in i's own candidate segment.
+    const int64_t t = x.size(1);
+    const torch::Tensor m = attention_mask.to(x.device(), torch::kLong);
+    const torch::Tensor future = torch::ones({t, t}, torch::kBool).triu(1).to(x.device());  // [i][j]: j > i
+    const torch::Tensor same_segment = m.unsqueeze(2) == m.unsqueeze(1);                     // [B, i, j]
+    const torch::Tensor seen = (m.unsqueeze(1) == 1) | (same_segment & (m.unsqueeze(1) >= 2));
+    const torch::Tensor mask = torch::zeros({x.size(0), 1, t, t}, x.options().dtype(torch::kFloat))
+                                   .masked_fill_(future | ~seen.unsqueeze(1), kMaskedScore);
+    const Rotary rotary = RotaryFor(m, same_segment, future, x.scalar_type());
+    for (auto& layer : layers) x = layer(x, rotary, mask);
+  }
+  if (spec_.head) x = torch::matmul(norm(x), lm_head.t());
+  return x;
+}
+
+template <typename Fn>
+void ModelPartImpl::ForEachLinear(Fn fn) {
+  for (auto& layer : layers) {
+    fn("q_proj", layer->self_attn->q_proj);
+    fn("k_proj", layer->self_attn->k_proj);
+    fn("v_proj", layer->self_attn->v_proj);
+    fn("o_proj", layer->self_attn->o_proj);
+    fn("gate_proj", layer->mlp->gate_proj);
+    fn("up_proj", layer->mlp->up_proj);
+    fn("down_proj", layer->mlp->down_proj);
+  }
+}
+
+NamedTensors ModelPartImpl::HfParameters() {
+  NamedTensors out;
+  if (spec_.embed) out.emplace_back("model.embed_tokens.weight", embed_tokens->weight);
+  for (size_t j = 0; j < layers.size(); ++j) {
+    const std::string prefix = "model.layers." + std::to_string(spec_.first_layer + static_cast<int64_t>(j)) + ".";
+    for (const auto& p : layers[j]->named_parameters()) {
+      if (p.key().find("lora_") == std::string::npos) out.emplace_back(prefix + p.key(), p.value());
+    }
+  }
+  if (spec_.head) {
+    out.emplace_back("model.norm.weight", norm->weight);
+    out.emplace_back("lm_head.weight", lm_head);
+  }
+  return out;
+}
+
+NamedTensors ModelPartImpl::LoraParameters() {
+  NamedTensors out;
+  for (size_t j = 0; j < layers.size(); ++j) {
+    const std::string prefix = "model.layers." + std::to_string(spec_.first_layer + static_cast<int64_t>(j)) + ".";
+    for (const auto& p : layers[j]->named_parameters()) {
+      if (p.key().find("lora_") != std::string::npos) out.emplace_back(prefix + p.key(), p.value());
+    }
+  }
+  return out;
+}
+
+void ModelPartImpl::AddLora(const LoraConfig& lora, uint64_t seed) {
+  lora.Validate();
+  for (auto& p : parameters()) p.set_requires_grad(false);
+  ForEachLinear([&](const std::string& name, LoraLinear& linear) {
+    if (lora.Targets(name)) linear->AddAdapter(lora);
+  });
+  torch::NoGradGuard no_grad;
+  for (auto& [name, tensor] : LoraParameters()) {
+    if (name.find("lora_A") == std::string::npos) continue;
+    // PEFT's init, Kaiming-uniform with a = sqrt(5): U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+    const double bound = 1.0 / std::sqrt(static_cast<double>(tensor.size(1)));
+    auto generator = at::detail::createCPUGenerator(XXH3_64bits(name.data(), name.size()) ^ seed);
+    const torch::Tensor init = torch::empty(tensor.sizes(), torch::kFloat).uniform_(-bound, bound, generator);
+    tensor.copy_(init);
+  }
+}
+
+void ModelPartImpl::MergeLora() {
+  ForEachLinear([](const std::string&, LoraLinear& linear) { linear->Merge(); });
+}
+
+std::vector<torch::Tensor> ModelPartImpl::TrainableParameters() {
+  std::vector<torch::Tensor> out;
+  for (auto& p : parameters()) {
+    if (p.requires_grad()) out.push_back(p);
+  }
+  return out;
+}
+
+torch::Tensor NextTokenLoss(const torch::Tensor& logits, const torch::Tensor& labels) {
+  const int64_t v = logits.size(-1);
+  const torch::Tensor predicted = logits.slice(1, 0, -1).reshape({-1, v}).to(torch::kFloat);
+  const torch::Tensor target = labels.slice(1, 1).reshape({-1});
+  return torch::nn::functional::cross_entropy(
+      predicted, target, torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100));
+}
+
+}  // namespace amaq

@@ -1,0 +1,374 @@
+#include "common/net/tcp_relay.h"
+
+#include <spdlog/spdlog.h>
+
+#include <boost/asio.hpp>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <list>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "common/base/error.h"
+
+namespace amaq {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr size_t kReadBytes = 16384;
+
+Clock::duration Seconds(double s) { return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s)); }
+
+struct RelayConnection;
+
+// The state every connection shares: the link's settings, its faults and its counters. Touched
+// only on the relay's thread, except the atomic counters.
+struct Relay {
+  asio::io_context io;
+  tcp::acceptor acceptor{io};
+  tcp::endpoint upstream;
+  LinkOptions link;
+  Clock::time_point started = Clock::now();
+  Clock::time_point stall_from = Clock::time_point::max(), stall_until = Clock::time_point::min();
+  Clock::time_point blackhole_from = Clock::time_point::max();
+  // A fault armed to strike once this many more bytes have been delivered (-1: none).
+  int64_t fault_budget = -1;
+  std::function<void()> fault;
+  asio::steady_timer reset_timer{io};
+  asio::steady_timer accept_retry{io};
+  std::mt19937_64 jitter_rng;
+  std::atomic<uint64_t> up{0}, down{0}, reset_count{0}, refused{0};
+  std::mutex mutex;  // guards connections (the destructor reads it from another thread)
+  std::list<std::weak_ptr<RelayConnection>> connections;
+  std::thread thread;
+
+  bool Blackholed() const { return Clock::now() >= blackhole_from; }
+  bool Stalled(Clock::time_point t) const { return t >= stall_from && t < stall_until; }
+  void Delivered(size_t n);
+  void CloseAll();
+  void Stall(Clock::time_point from, double seconds);
+  // Arms `action` to run once `bytes` more (at least 1) have been delivered.
+  void ArmFault(uint64_t bytes, std::function<void()> action);
+  void Accept();
+};
+
+// One direction of one connection: a token bucket, then a delay line, then the far socket.
+struct Pipe {
+  Pipe(asio::io_context& io, tcp::socket& from_socket, tcp::socket& to_socket, double bits_per_second,
+       std::atomic<uint64_t>& counter)
+      : from(from_socket), to(to_socket), bytes_per_second(bits_per_second / 8), delivered(counter), timer(io) {}
+
+  struct Chunk {
+    std::vector<char> bytes;
+    Clock::time_point due;
+  };
+  tcp::socket& from;
+  tcp::socket& to;
+  double bytes_per_second;  // 0: unlimited
+  std::atomic<uint64_t>& delivered;
+  asio::steady_timer timer;
+  std::array<char, kReadBytes> buffer{};
+  std::deque<Chunk> queue;
+  size_t queued_bytes = 0;
+  Clock::time_point bucket_time = Clock::time_point::min();  // GCRA's theoretical arrival time
+  Clock::time_point last_due = Clock::time_point::min();
+  bool reading = false, writing = false;
+  bool ended = false;  // the sending side closed: no more reads
+};
+
+
+struct RelayConnection : std::enable_shared_from_this<RelayConnection> {
+  explicit RelayConnection(Relay& relay)
+      : link(relay), client(relay.io), upstream(relay.io),
+        up(relay.io, client, upstream, relay.link.up_bits_per_second, relay.up),
+        down(relay.io, upstream, client, relay.link.down_bits_per_second, relay.down) {
+    const double delay = link.link.latency_seconds + link.link.jitter_seconds;
+    for (Pipe* p : {&up, &down}) {
+      // The bytes a pipe holds before it stops reading: a router's queue plus what is in flight.
+      queue_limit[p == &down] = p->bytes_per_second > 0 ? 262144 + static_cast<size_t>(p->bytes_per_second * delay) : 1 << 20;
+    }
+  }
+
+  void Start() {
+    // Forward each chunk as soon as it is due: with Nagle's algorithm a chunk's tail would wait
+    // for the peer's delayed ACK (tens of milliseconds a step; gRPC's own sockets disable it too).
+    boost::system::error_code ignored;
+    client.set_option(tcp::no_delay(true), ignored);
+    upstream.set_option(tcp::no_delay(true), ignored);
+    Read(up);
+    Read(down);
+  }
+
+  size_t Limit(const Pipe& p) const { return queue_limit[&p == &down]; }
+
+  void Read(Pipe& p) {
+    p.reading = true;
+    auto self = shared_from_this();
+    p.from.async_read_some(asio::buffer(p.buffer), [this, self, &p](boost::system::error_code ec, size_t n) {
+      p.reading = false;
+      if (ec == asio::error::eof) {  // the sender is done: deliver what is queued, then pass the EOF on
+        p.ended = true;
+        if (!p.writing) Next(p);  // else the write in flight continues with Next
+        return;
+      }
+      if (ec || closed) return Close();
+      if (!link.Blackholed()) Enqueue(p, n);
+      if (p.queued_bytes < Limit(p)) Read(p);
+    });
+  }
+
+  void Enqueue(Pipe& p, size_t n) {
+    const Clock::time_point now = Clock::now();
+    Clock::time_point departs = now;
+    if (p.bytes_per_second > 0) {
+      // Token bucket as GCRA: a chunk leaves when the bucket has tokens for it.
+      p.bucket_time = std::max(p.bucket_time, now) + Seconds(static_cast<double>(n) / p.bytes_per_second);
+      departs = std::max(now, p.bucket_time - Seconds(static_cast<double>(link.link.burst_bytes) / p.bytes_per_second));
+    }
+    double delay = link.link.latency_seconds;
+    if (link.link.jitter_seconds > 0) {
+      delay += std::uniform_real_distribution<double>(0, link.link.jitter_seconds)(link.jitter_rng);
+    }
+    p.last_due = std::max(p.last_due, departs + Seconds(delay));  // TCP keeps the order
+    p.queue.push_back({std::vector<char>(p.buffer.begin(), p.buffer.begin() + static_cast<std::ptrdiff_t>(n)), p.last_due});
+    p.queued_bytes += n;
+    Write(p);
+  }
+
+  void Write(Pipe& p) {
+    if (p.writing || p.queue.empty() || closed) return;
+    p.writing = true;
+    Clock::time_point due = p.queue.front().due;
+    if (link.Stalled(std::max(due, Clock::now()))) due = link.stall_until;
+    p.timer.expires_at(due);
+    auto self = shared_from_this();
+    p.timer.async_wait([this, self, &p](boost::system::error_code ec) {
+      if (ec || closed) return;
+      if (link.Blackholed()) {
+        p.queued_bytes -= p.queue.front().bytes.size();
+        p.queue.pop_front();
+        return Next(p);
+      }
+      if (link.Stalled(Clock::now())) return Next(p);  // a stall began meanwhile: wait it out
+      asio::async_write(p.to, asio::buffer(p.queue.front().bytes), [this, self, &p](boost::system::error_code wec, size_t n) {
+        if (wec) return Close();
+        p.queued_bytes -= n;
+        p.queue.pop_front();
+        p.delivered += n;
+        Next(p);
+        link.Delivered(n);
+      });
+    });
+  }
+
+  // Called when the pipe's write (or wait) has finished: starts the next one.
+  void Next(Pipe& p) {
+    p.writing = false;
+    if (closed) return;
+    if (p.ended) {
+      if (!p.queue.empty()) return Write(p);
+      boost::system::error_code ignored;
+      p.to.shutdown(tcp::socket::shutdown_send, ignored);
+      if (up.ended && down.ended && up.queue.empty() && down.queue.empty()) Close();
+      return;
+    }
+    if (!p.reading && p.queued_bytes < Limit(p)) Read(p);
+    Write(p);
+  }
+
+  void Close() {
+    if (closed) return;
+    closed = true;
+    boost::system::error_code ignored;
+    client.close(ignored);
+    upstream.close(ignored);
+    up.timer.cancel();
+    down.timer.cancel();
+  }
+
+  Relay& link;
+  tcp::socket client, upstream;
+  Pipe up, down;
+  size_t queue_limit[2] = {0, 0};
+  bool closed = false;
+};
+
+}  // namespace
+
+struct TcpRelay::Impl : Relay {};
+
+void Relay::Delivered(size_t n) {
+  if (fault_budget < 0) return;
+  fault_budget -= static_cast<int64_t>(std::min<size_t>(n, static_cast<size_t>(fault_budget)));
+  if (fault_budget == 0) {
+    fault_budget = -1;
+    fault();
+  }
+}
+
+void Relay::Stall(Clock::time_point from, double seconds) {
+  stall_from = from;
+  stall_until = from + Seconds(seconds);
+}
+
+void Relay::ArmFault(uint64_t bytes, std::function<void()> action) {
+  fault_budget = static_cast<int64_t>(std::max<uint64_t>(1, bytes));
+  fault = std::move(action);
+}
+
+void Relay::CloseAll() {
+  ++reset_count;
+  std::lock_guard<std::mutex> lock(mutex);
+  for (auto& c : connections) {
+    if (auto connection = c.lock()) connection->Close();
+  }
+}
+
+void Relay::Accept() {
+  auto connection = std::make_shared<RelayConnection>(*this);
+  acceptor.async_accept(connection->client, [this, connection](boost::system::error_code ec) {
+    if (ec == asio::error::operation_aborted || !acceptor.is_open()) return;  // the relay is stopping
+    if (ec) {  // out of file descriptors (EMFILE, ENFILE) or memory: pause, then listen on
+      spdlog::warn("relay: accept failed ({}): retrying in 100 ms; raise the open-files limit or lower max_connections",
+                   ec.message());
+      accept_retry.expires_after(std::chrono::milliseconds(100));
+      accept_retry.async_wait([this](boost::system::error_code wait) {
+        if (!wait) Accept();
+      });
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      connections.remove_if([](const std::weak_ptr<RelayConnection>& c) { return c.expired(); });
+      if (link.max_connections > 0 && connections.size() >= static_cast<size_t>(link.max_connections)) {
+        ++refused;
+        connection->Close();
+        return Accept();
+      }
+      connections.push_back(connection);
+    }
+    connection->upstream.async_connect(upstream, [connection](boost::system::error_code cec) {
+      if (cec) return connection->Close();
+      connection->Start();
+    });
+    Accept();
+  });
+}
+
+TcpRelay::TcpRelay(std::string upstream_host, uint16_t upstream_port, LinkOptions link, const std::string& listen)
+    : impl_(std::make_unique<Impl>()) {
+  Require(link.up_bits_per_second >= 0 && link.down_bits_per_second >= 0 && link.latency_seconds >= 0 &&
+              link.jitter_seconds >= 0 && link.stall_seconds >= 0 && link.burst_bytes > 0 && link.max_connections >= 0,
+          ErrorCode::kInvalidArgument,
+          "link rates, delays, the burst and max_connections must not be negative (0 rate or 0 connections: unlimited)");
+  impl_->link = link;
+  impl_->jitter_rng.seed(link.seed);
+  if (link.reset_after_bytes >= 0) {
+    impl_->ArmFault(static_cast<uint64_t>(link.reset_after_bytes), [this] { impl_->CloseAll(); });
+  }
+  if (link.stall_at_seconds >= 0) {
+    impl_->Stall(impl_->started + Seconds(link.stall_at_seconds), link.stall_seconds);
+  }
+  if (link.blackhole_at_seconds >= 0) impl_->blackhole_from = impl_->started + Seconds(link.blackhole_at_seconds);
+  if (link.reset_at_seconds >= 0) {
+    impl_->reset_timer.expires_at(impl_->started + Seconds(link.reset_at_seconds));
+    impl_->reset_timer.async_wait([this](boost::system::error_code ec) {
+      if (!ec) impl_->CloseAll();
+    });
+  }
+
+  boost::system::error_code ec;
+  tcp::resolver resolver(impl_->io);
+  const auto endpoints = resolver.resolve(upstream_host, std::to_string(upstream_port), ec);
+  Require(!ec && !endpoints.empty(), ErrorCode::kUnavailable,
+          "cannot resolve " + upstream_host + ": " + ec.message() + ": check the server address");
+  impl_->upstream = *endpoints.begin();
+  const auto [listen_host, listen_port] = SplitHostPort(listen, "listen");
+  const auto local_address = asio::ip::make_address(listen_host == "localhost" ? "127.0.0.1" : listen_host, ec);
+  Require(!ec, ErrorCode::kInvalidArgument, "listen address '" + listen + "' is not an IP address: use e.g. 127.0.0.1:0");
+  const tcp::endpoint local(local_address, listen_port);
+  impl_->acceptor.open(local.protocol(), ec);
+  if (!ec) impl_->acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (!ec) impl_->acceptor.bind(local, ec);
+  if (!ec) impl_->acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  Require(!ec, ErrorCode::kUnavailable, "cannot listen on " + listen + ": " + ec.message() + ": choose a free port");
+  impl_->Accept();
+  impl_->thread = std::thread([this] { impl_->io.run(); });
+}
+
+TcpRelay::~TcpRelay() {
+  asio::post(impl_->io, [this] {
+    boost::system::error_code ignored;
+    impl_->acceptor.close(ignored);
+    impl_->reset_timer.cancel();
+    impl_->accept_retry.cancel();
+    impl_->CloseAll();
+  });
+  // With the acceptor, every socket and every timer closed, each pending handler completes with an
+  // error and starts nothing new, so the thread's run() returns: nothing is destroyed under asio.
+  impl_->thread.join();
+}
+
+uint16_t TcpRelay::port() const { return impl_->acceptor.local_endpoint().port(); }
+uint64_t TcpRelay::bytes_up() const { return impl_->up.load(); }
+uint64_t TcpRelay::bytes_down() const { return impl_->down.load(); }
+uint64_t TcpRelay::resets() const { return impl_->reset_count.load(); }
+uint64_t TcpRelay::refused() const { return impl_->refused.load(); }
+
+size_t TcpRelay::open_connections() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return static_cast<size_t>(std::count_if(impl_->connections.begin(), impl_->connections.end(),
+                                           [](const std::weak_ptr<RelayConnection>& c) { return !c.expired(); }));
+}
+
+void TcpRelay::ResetConnections() {
+  asio::post(impl_->io, [this] { impl_->CloseAll(); });
+}
+
+void TcpRelay::ResetAfter(uint64_t more_bytes) {
+  asio::post(impl_->io, [this, more_bytes] { impl_->ArmFault(more_bytes, [this] { impl_->CloseAll(); }); });
+}
+
+void TcpRelay::Stall(double seconds) {
+  asio::post(impl_->io, [this, seconds] { impl_->Stall(Clock::now(), seconds); });
+}
+
+void TcpRelay::StallAfter(uint64_t more_bytes, double seconds) {
+  asio::post(impl_->io, [this, more_bytes, seconds] {
+    impl_->ArmFault(more_bytes, [this, seconds] { impl_->Stall(Clock::now(), seconds); });
+  });
+}
+
+void TcpRelay::Blackhole(bool on) {
+  asio::post(impl_->io, [this, on] { impl_->blackhole_from = on ? Clock::now() : Clock::time_point::max(); });
+}
+
+std::pair<std::string, uint16_t> SplitHostPort(const std::string& address, const std::string& key) {
+  const size_t colon = address.rfind(':');
+  int port = -1;
+  if (colon != std::string::npos && colon > 0) {
+    try {
+      port = std::stoi(address.substr(colon + 1));
+    } catch (const std::exception&) {
+      port = -1;
+    }
+  }
+  Require(port >= 0 && port < 65536, ErrorCode::kInvalidArgument,
+          "'" + key + "' must be host:port (e.g. localhost:50051), got '" + address + "'");
+  std::string host = address.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return {host, static_cast<uint16_t>(port)};
+}
+
+}  // namespace amaq
