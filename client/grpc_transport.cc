@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "common/base/error.h"
+#include "common/net/host_port.h"
 #include "proto/grpc_status.h"
 #include "proto/step_messages.h"
 

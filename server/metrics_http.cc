@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "common/base/error.h"
-#include "common/net/tcp_relay.h"
+#include "common/net/host_port.h"
 
 namespace amaq::server {
 

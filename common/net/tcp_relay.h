@@ -64,7 +64,4 @@ class TcpRelay {
   std::unique_ptr<Impl> impl_;
 };
 
-// Splits "host:port"; throws amaq::Error (kInvalidArgument) naming `key` when malformed.
-std::pair<std::string, uint16_t> SplitHostPort(const std::string& address, const std::string& key);
-
 }  // namespace amaq

@@ -12,6 +12,7 @@
 #include "common/base/config.h"
 #include "common/net/netem_config.h"
 #include "common/base/program.h"
+#include "common/net/host_port.h"
 #include "common/net/tcp_relay.h"
 
 using namespace amaq;
