@@ -1,5 +1,7 @@
 #include "server/grpc_service.h"
 
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -182,6 +184,11 @@ grpc::Status ToStatus(const std::exception& e) {
   spdlog::error("internal error {}: {}", id, e.what());
   return grpc::Status(grpc::StatusCode::INTERNAL,
                       "internal error " + id + " on the server: its operator finds the cause under that id in the server's log");
+}
+
+void EnableStandardServices() {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 }
 
 void HardenServerBuilder(grpc::ServerBuilder& builder, const SplitTrainingService& service) {

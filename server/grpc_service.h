@@ -115,6 +115,12 @@ class SplitTrainingService final : public amaq::v1::SplitTraining::CallbackServi
 // exception is logged with an id and reaches the client as INTERNAL with that id only.
 grpc::Status ToStatus(const std::exception& e);
 
+// The standard services every amaq gRPC server offers beside SplitTraining, so that generic probes
+// and tools work: grpc.health.v1.Health (unauthenticated; SERVING from the moment the server is
+// built, which is after the model is loaded and the checkpoint restored, NOT_SERVING once it shuts
+// down) and server reflection. Call before creating the grpc::ServerBuilder.
+void EnableStandardServices();
+
 // What every amaq gRPC server sets: the largest message (a step chunk, or an adapter upload, and
 // their fields), no message compression (nothing is inflated, before or after authentication),
 // and a TLS handshake that must finish within 10 s.

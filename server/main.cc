@@ -91,6 +91,7 @@ int Run(const Config& c) {
               " connections: raise it (ulimit -n 4096, or LimitNOFILE= in the service unit)");
   LinkOptions front;
   front.max_connections = static_cast<int>(std::min<int64_t>(c.Int("max_connections"), connection_room));
+  server::EnableStandardServices();
   grpc::ServerBuilder builder;
   int inner_port = 0;
   builder.AddListeningPort("127.0.0.1:0",

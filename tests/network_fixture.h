@@ -55,6 +55,7 @@ class Network : public ::testing::Test {
     s.max_chunk_bytes = 4096;  // small: every step is chunked
     s.stall_timeout_seconds = stall_timeout_seconds_;
     service_ = std::make_unique<server::SplitTrainingService>(*split_, *tokens_store_, s);
+    server::EnableStandardServices();
     grpc::ServerBuilder builder;
     builder.AddListeningPort("127.0.0.1:" + std::to_string(port),
                              MakeServerCredentials(TlsFiles{*certs_ + "/server.pem", *certs_ + "/server.key",
@@ -111,14 +112,16 @@ class Network : public ::testing::Test {
 
   // A raw client of the protocol, for tests that send what a well-behaved client never would.
   // With `certificate` ("client-1", ...) it presents that client certificate (mutual TLS).
-  std::unique_ptr<amaq::v1::SplitTraining::Stub> RawStub(const std::string& certificate = "") const {
+  std::shared_ptr<grpc::Channel> RawChannel(const std::string& certificate = "") const {
     grpc::ChannelArguments args;
     args.SetSslTargetNameOverride("localhost");
     const TlsFiles files = certificate.empty() ? TlsFiles{"", "", *certs_ + "/ca.pem"}
                                                : TlsFiles{*certs_ + "/" + certificate + ".pem",
                                                           *certs_ + "/" + certificate + ".key", *certs_ + "/ca.pem"};
-    return amaq::v1::SplitTraining::NewStub(
-        grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(port_), MakeChannelCredentials(files, false), args));
+    return grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(port_), MakeChannelCredentials(files, false), args);
+  }
+  std::unique_ptr<amaq::v1::SplitTraining::Stub> RawStub(const std::string& certificate = "") const {
+    return amaq::v1::SplitTraining::NewStub(RawChannel(certificate));
   }
   grpc::Status RawJoin(amaq::v1::SplitTraining::Stub& stub, const std::string& token, const std::string& client_id,
                        const std::string& method) const {

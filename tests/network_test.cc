@@ -1,10 +1,12 @@
 // The split-training system over real gRPC with TLS on loopback: clients and a server in one test
 // process, talking through sockets.
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <thread>
 
 #include "client/client_config.h"
@@ -132,6 +134,37 @@ ErrorCode JoinError(client::GrpcOptions g, const std::string& client_id, const s
     return e.code();
   }
   return ErrorCode::kInternal;
+}
+
+// grpc.health.v1.Health/Check with `request` (a serialized HealthCheckRequest), as a generic
+// probe sends it: no token, no generated stub. Returns the status and the reply's bytes.
+std::pair<grpc::Status, std::string> HealthCheck(const std::shared_ptr<grpc::Channel>& channel, const std::string& request) {
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  grpc::Slice slice(request);
+  grpc::ByteBuffer sent(&slice, 1), reply;
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &sent, &reply,
+                 [&done](grpc::Status status) { done.set_value(status); });
+  const grpc::Status status = done.get_future().get();
+  std::vector<grpc::Slice> slices;
+  std::string bytes;
+  if (status.ok() && reply.Dump(&slices).ok()) {
+    for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  return {status, bytes};
+}
+
+// Load balancers and generic gRPC tools can probe the server: the standard health service answers
+// SERVING for the server as a whole (field 1 = 1) without a token, and NOT_FOUND for a service it
+// does not know, as grpc.health.v1 specifies.
+TEST_F(Network, TheStandardHealthServiceAnswersWithoutAToken) {
+  StartServer();
+  const auto [status, reply] = HealthCheck(RawChannel(), "");
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(reply, std::string("\x08\x01", 2)) << "HealthCheckResponse{status: SERVING}";
+  EXPECT_EQ(HealthCheck(RawChannel(), std::string("\x0a\x07unknown", 9)).first.error_code(), grpc::StatusCode::NOT_FOUND);
 }
 
 TEST_F(Network, UnauthenticatedClientsAreRefused) {
