@@ -26,9 +26,10 @@ BitsTable Table(int bits) {
   return BitsTable::PerChannel(widths);
 }
 
-EncodeOptions Options(bool zstd) {
+EncodeOptions Options(const benchmark::State& state) {
   EncodeOptions o;
-  o.zstd = zstd;
+  o.zstd = state.range(1) != 0;
+  o.scheme = static_cast<Scheme>(state.range(2));
   return o;
 }
 
@@ -58,7 +59,7 @@ void BM_Encode(benchmark::State& state) {
   Encoded e;  // reused, as a client reuses its buffers from step to step
   for (auto _ : state) {
     Encoder encoder;  // a fresh stream: the bits table is sent every time
-    encoder.Encode(x.data(), kRows, kCols, bits, Options(state.range(1) != 0), &e);
+    encoder.Encode(x.data(), kRows, kCols, bits, Options(state), &e);
     benchmark::DoNotOptimize(e.bytes.data());
   }
   SetCounters(state, e);
@@ -67,7 +68,7 @@ void BM_Encode(benchmark::State& state) {
 void BM_Decode(benchmark::State& state) {
   const auto& x = Input();
   const BitsTable bits = Table(static_cast<int>(state.range(0)));
-  const Encoded e = Encoder().Encode(x.data(), kRows, kCols, bits, Options(state.range(1) != 0));
+  const Encoded e = Encoder().Encode(x.data(), kRows, kCols, bits, Options(state));
   Decoded d;  // reused, as a server reuses its buffers from step to step
   for (auto _ : state) {
     Decoder().Decode(e.bytes.data(), e.bytes.size(), &d);
@@ -76,10 +77,11 @@ void BM_Decode(benchmark::State& state) {
   SetCounters(state, e);
 }
 
-// Args: {bits (0 = mixed 3..8 per channel), zstd}
-#define AMAQ_CODEC_ARGS                                                                   \
-  ArgNames({"bits", "zstd"})->Args({3, 0})->Args({4, 0})->Args({8, 0})->Args({0, 0})      \
-      ->Args({3, 1})->Args({8, 1})->Unit(benchmark::kMillisecond)
+// Args: {bits (0 = mixed 3..8 per channel), zstd, scheme (3 affine; 4 symmetric, AQ-SGD's deltas;
+// 2 the fp16 cast, bits unused)}
+#define AMAQ_CODEC_ARGS                                                                                   \
+  ArgNames({"bits", "zstd", "scheme"})->Args({3, 0, 3})->Args({4, 0, 3})->Args({8, 0, 3})->Args({0, 0, 3}) \
+      ->Args({3, 1, 3})->Args({8, 1, 3})->Args({4, 0, 4})->Args({16, 0, 2})->Unit(benchmark::kMillisecond)
 BENCHMARK(BM_Encode)->AMAQ_CODEC_ARGS;
 BENCHMARK(BM_Decode)->AMAQ_CODEC_ARGS;
 

@@ -323,9 +323,11 @@ void SplitServer::CheckAdapter(const NamedFloats& tensors) const {
             "the adapter's tensor " + name + " has another shape or value count than the LoRA settings give: use the "
             "server's LoRA settings");
     for (const float v : tensor.values) {
-      Require(std::isfinite(v) && std::fabs(v) <= kMaxAdapterValue, ErrorCode::kInvalidArgument,
-              "the adapter's tensor " + name + " holds " + std::to_string(v) + ": LoRA values must be finite and within +-" +
-                  std::to_string(kMaxAdapterValue) + "; the client's training diverged: lower its learning rate");
+      if (!(std::isfinite(v) && std::fabs(v) <= kMaxAdapterValue)) {  // not Require: its message would be built per value
+        throw Error(ErrorCode::kInvalidArgument, "the adapter's tensor " + name + " holds " + std::to_string(v) +
+                                                     ": LoRA values must be finite and within +-" + std::to_string(kMaxAdapterValue) +
+                                                     "; the client's training diverged: lower its learning rate");
+      }
     }
   }
 }
