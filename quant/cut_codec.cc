@@ -57,7 +57,9 @@ ServerCodec::Activation ServerCodec::DecodeEvaluation(const uint8_t* data, size_
 }
 
 Encoded ServerCodec::EncodeGradient(const float* gradient, int64_t rows, int64_t cols) {
-  return gradient_stream_.Encode(gradient, rows, cols, gradient_format_.bits, gradient_format_.options);
+  EncodeOptions options = gradient_format_.options;
+  options.seed = ++gradients_encoded_ * 0xd1b54a32d192ed03ull;  // stochastic rounding: new noise each message
+  return gradient_stream_.Encode(gradient, rows, cols, gradient_format_.bits, options);
 }
 
 void ServerCodec::Reset() {

@@ -116,6 +116,7 @@ class ServerCodec {
   Decoder activation_stream_;
   Encoder gradient_stream_;
   GradientFormat gradient_format_;
+  uint64_t gradients_encoded_ = 0;  // seeds stochastic rounding (GradientSpec)
 };
 
 // The codecs of a method that sends every activation through the plain codec with one set of

@@ -1,6 +1,7 @@
 #include "quant/method.h"
 
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "common/base/error.h"
@@ -14,7 +15,7 @@ namespace {
 
 constexpr char kForms[] =
     "use fp32, bf16, fp16, fixed:<bits>[:tensor|channel|token|group[:<size>]], amaq[:<bmax>-><bmin>], "
-    "amaq:budget=<bits>[:uniform] or aqsgd:<bits>, each quantized one optionally ending in :grad=<bits>";
+    "amaq:budget=<bits>[:uniform] or aqsgd:<bits>, each quantized one optionally ending in :grad=<bits>[,token][,symmetric][,stochastic]";
 
 // The factory: one line per method.
 std::map<std::string, MethodParser>& Parsers() {
@@ -25,6 +26,29 @@ std::map<std::string, MethodParser>& Parsers() {
       {"aqsgd", ParseAqsgd},
   };
   return parsers;
+}
+
+// "<bits>[,token][,symmetric][,stochastic]" (options in any order, each once).
+GradientSpec ParseGradient(const MethodName& name, const std::string& spec) {
+  std::stringstream ss(spec);
+  std::string part;
+  std::getline(ss, part, ',');
+  GradientSpec g;
+  g.bits = name.Bits(part, 2);
+  std::set<std::string> seen;
+  while (std::getline(ss, part, ',')) {
+    if (!seen.insert(part).second) name.Refuse("gradient option '" + part + "' is given twice");
+    if (part == "token") {
+      g.granularity = Granularity::kToken;
+    } else if (part == "symmetric") {
+      g.scheme = Scheme::kSymmetric;
+    } else if (part == "stochastic") {
+      g.rounding = Rounding::kStochastic;
+    } else {
+      name.Refuse("gradient option '" + part + "' is not token, symmetric or stochastic");
+    }
+  }
+  return g;
 }
 
 }  // namespace
@@ -51,9 +75,7 @@ int MethodName::Bits(const std::string& argument, int low) const {
   return static_cast<int>(v);
 }
 
-std::string GradientSuffix(std::optional<int> gradient_bits) {
-  return gradient_bits ? ":grad=" + std::to_string(*gradient_bits) : "";
-}
+std::string GradientSuffix(const std::optional<GradientSpec>& gradient) { return gradient ? gradient->ToString() : ""; }
 
 std::unique_ptr<Method> Method::Parse(const std::string& text) {
   MethodName name;
@@ -62,7 +84,7 @@ std::unique_ptr<Method> Method::Parse(const std::string& text) {
   std::getline(ss, name.name, ':');
   for (std::string part; std::getline(ss, part, ':');) name.arguments.push_back(part);
   if (!name.arguments.empty() && name.arguments.back().rfind("grad=", 0) == 0) {
-    name.gradient_bits = name.Bits(name.arguments.back().substr(5), 2);
+    name.gradient = ParseGradient(name, name.arguments.back().substr(5));
     name.arguments.pop_back();
   }
   const auto parser = Parsers().find(name.name);

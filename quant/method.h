@@ -8,7 +8,9 @@
 //                                               uniform: every channel one width on the same
 //                                               schedule, no learned allocation (the control)
 //   aqsgd:<bits>                                AQ-SGD with <bits>-bit deltas (gradients 8-bit)
-//   <quantized method>:grad=<bits>              its gradients go back at a fixed width per channel
+//   <quantized method>:grad=<bits>[,token][,symmetric][,stochastic]
+//                                               its gradients go back at a fixed width, with
+//                                               those scales, grid and rounding (gradient_spec.h)
 //
 // A Method is the parsed, immutable name; it makes the codecs of both sides (quant/cut_codec.h).
 // Each method is one file pair in quant/methods/ and one line of the table in method.cc: adding
@@ -22,6 +24,7 @@
 #include <vector>
 
 #include "quant/cut_codec.h"
+#include "quant/gradient_spec.h"
 
 namespace amaq::quant {
 
@@ -41,12 +44,12 @@ class Method {
 };
 
 // A method name split for its parser: "fixed:4:group:grad=8" has name "fixed", arguments
-// {"4", "group"} and gradient_bits 8.
+// {"4", "group"} and a gradient of 8 bits.
 struct MethodName {
   std::string text;                  // the whole name, for messages
   std::string name;
   std::vector<std::string> arguments;
-  std::optional<int> gradient_bits;  // a trailing :grad=<bits>
+  std::optional<GradientSpec> gradient;  // a trailing :grad=...
 
   // Throws amaq::Error (kInvalidArgument) saying what was wrong with `text` and the allowed forms.
   [[noreturn]] void Refuse(const std::string& why) const;
@@ -55,8 +58,8 @@ struct MethodName {
   int Bits(const std::string& argument, int low) const;
 };
 
-// ":grad=<bits>" or "": how a method's ToString() ends.
-std::string GradientSuffix(std::optional<int> gradient_bits);
+// gradient->ToString() or "": how a method's ToString() ends.
+std::string GradientSuffix(const std::optional<GradientSpec>& gradient);
 
 // A method's parser: the method, or amaq::Error (kInvalidArgument) through name.Refuse.
 using MethodParser = std::function<std::unique_ptr<Method>(const MethodName& name)>;

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "common/base/error.h"
 
 namespace amaq::quant {
@@ -13,11 +15,13 @@ TEST(Method, ParsesEveryFormToItsCanonicalName) {
   const std::pair<const char*, const char*> forms[] = {
       {"fp32", "fp32"}, {"none", "fp32"}, {"bf16", "bf16"}, {"fixed:3", "fixed:3:channel"},
       {"fixed:4:group", "fixed:4:group:128"}, {"amaq", "amaq:8->3"}, {"amaq:6->4", "amaq:6->4"},
-      {"amaq:budget=3.50", "amaq:budget=3.5"}, {"aqsgd:4:grad=6", "aqsgd:4:grad=6"}};
+      {"amaq:budget=3.50", "amaq:budget=3.5"}, {"aqsgd:4:grad=6", "aqsgd:4:grad=6"},
+      {"fixed:3:grad=4,symmetric,token", "fixed:3:channel:grad=4,token,symmetric"}};
   for (const auto& [text, canonical] : forms) EXPECT_EQ(Method::Parse(text)->ToString(), canonical) << text;
   for (const char* text : {"bf16", "fixed:4:channel", "fixed:3:group:128", "fixed:2:tensor", "fixed:4:token", "amaq:8->3",
                            "amaq:budget=3.5", "aqsgd:4", "amaq:budget=3:uniform", "amaq:budget=4:grad=8",
-                           "fixed:3:channel:grad=8", "fixed:4:group:64:grad=6", "aqsgd:4:grad=6"}) {
+                           "fixed:3:channel:grad=8", "fixed:4:group:64:grad=6", "aqsgd:4:grad=6", "fixed:3:channel:grad=4,token",
+                           "amaq:budget=3:grad=3,symmetric", "fixed:3:channel:grad=4,token,symmetric,stochastic"}) {
     EXPECT_EQ(Method::Parse(text)->ToString(), text);
   }
   EXPECT_EQ(*Method::Parse("amaq:budget=3.5")->target_bits(), 3.5);
@@ -27,7 +31,8 @@ TEST(Method, ParsesEveryFormToItsCanonicalName) {
 TEST(Method, RefusesBadFormsWithTheAllowedOnes) {
   for (const char* text : {"", "int8", "fixed", "fixed:9", "fixed:0", "fixed:4:row", "fixed:4:channel:8",
                            "amaq:3->8", "amaq:9->3", "amaq:budget=2", "amaq:uniform", "amaq:budget=3:grad=9", "amaq:budget=3:wide", "bf16:grad=8",
-                           "amaq:grad=8:uniform", "aqsgd:1", "aqsgd", "fixed:x", "bf16:4", "fixed:4:group:0"}) {
+                           "amaq:grad=8:uniform", "aqsgd:1", "aqsgd", "fixed:x", "bf16:4", "fixed:4:group:0",
+                           "fixed:3:grad=4,row", "fixed:3:grad=4,token,token", "fixed:3:grad=,token", "bf16:grad=4,token"}) {
     try {
       Method::Parse(text);
       ADD_FAILURE() << text << " was accepted";
@@ -106,6 +111,64 @@ TEST(MethodCodecs, TheServerDecodesWhatTheClientSentAndAnswersInTheMethodsFormat
   const Exchange aqsgd = RunExchange("aqsgd:3");
   EXPECT_EQ(aqsgd.gradient_message.bits, BitsTable::Uniform(8));
   EXPECT_EQ(aqsgd.gradient_message.granularity, Granularity::kChannel);
+  // :grad= options set the gradient's scales and grid, whatever the activation's are.
+  for (const char* method : {"fixed:3:channel:grad=4,token,symmetric", "amaq:8->3:grad=4,token,symmetric",
+                             "aqsgd:4:grad=4,token,symmetric"}) {
+    const Exchange e = RunExchange(method);
+    EXPECT_EQ(e.gradient_message.bits, BitsTable::Uniform(4)) << method;
+    EXPECT_EQ(e.gradient_message.granularity, Granularity::kToken) << method;
+    EXPECT_EQ(e.gradient_message.scheme, Scheme::kSymmetric) << method;
+  }
+}
+
+// The symmetric grid keeps zero exact, which the affine grid over [min, max] does not.
+TEST(MethodCodecs, ASymmetricGradientGridSendsZerosAsZeros) {
+  const auto [client, server] = MakeHalves("fixed:3:channel:grad=3,symmetric", 4);
+  const auto [affine_client, affine_server] = MakeHalves("fixed:3:channel:grad=3", 4);
+  const torch::Tensor x = torch::randn({3, 4});
+  const SampleRows rows{1, 3, {1}};
+  // A row of zeros between ranges that do not start at 0, so that 0 is not an affine code.
+  const torch::Tensor g = torch::tensor({{1.0f, -0.7f, 0.9f, -1.1f}, {0.0f, 0.0f, 0.0f, 0.0f}, {-0.45f, 0.3f, -0.5f, 0.45f}});
+  std::vector<float> decoded_zeros;
+  for (auto* halves : {&client, &affine_client}) {
+    ClientCodec& c = **halves;
+    ServerCodec& s = halves == &client ? *server : *affine_server;
+    torch::Tensor upstream;
+    const Encoded up = c.EncodeTraining(x, rows, &upstream);
+    s.DecodeTraining(up.bytes.data(), up.bytes.size(), rows, 4);
+    const Encoded down = s.EncodeGradient(g.data_ptr<float>(), 3, 4);
+    ByteCount count;
+    const torch::Tensor back = c.DecodeGradient(down.bytes, 3, 4, &count);
+    decoded_zeros.push_back(back[1].abs().max().item<float>());
+  }
+  EXPECT_EQ(decoded_zeros[0], 0.0f) << "symmetric";
+  EXPECT_GT(decoded_zeros[1], 0.01f) << "affine over [min, max] has no code at 0 here";
+}
+
+// Stochastic rounding draws new noise for every gradient message, so its mean over messages
+// converges on the gradient (nearest rounding repeats the same error every time).
+TEST(MethodCodecs, StochasticGradientsAreUnbiasedAcrossMessages) {
+  const auto [client, server] = MakeHalves("fixed:8:channel:grad=2,symmetric,stochastic", 1);
+  const SampleRows rows{1, 2, {1}};
+  const torch::Tensor x = torch::randn({2, 1});
+  const torch::Tensor g = torch::tensor({{1.0f}, {0.3f}});  // 2-bit symmetric codes: -1, 0, +1
+  double sum = 0;
+  std::vector<float> first_values;
+  const int messages = 400;
+  for (int i = 0; i < messages; ++i) {
+    torch::Tensor upstream;
+    const Encoded up = client->EncodeTraining(x, rows, &upstream);
+    server->DecodeTraining(up.bytes.data(), up.bytes.size(), rows, 1);
+    const Encoded down = server->EncodeGradient(g.data_ptr<float>(), 2, 1);
+    ByteCount count;
+    const float v = client->DecodeGradient(down.bytes, 2, 1, &count)[1][0].item<float>();
+    sum += v;
+    if (i < 8) first_values.push_back(v);
+  }
+  EXPECT_NE(*std::min_element(first_values.begin(), first_values.end()),
+            *std::max_element(first_values.begin(), first_values.end()))
+      << "every message rounds the same way";
+  EXPECT_NEAR(sum / messages, 0.3, 0.08);  // 0 or 1 with p = 0.3: standard error 0.023
 }
 
 // After a reconnect both sides start fresh streams: the last activation, encoded again, decodes on
@@ -160,7 +223,7 @@ class HalfCast : public Method {
 TEST(Method, AMethodRegisteredFromOutsideIsParsedAndMakesItsCodecs) {
   EXPECT_THROW(Method::Parse("half-cast"), Error);
   RegisterMethod("half-cast", [](const MethodName& name) -> std::unique_ptr<Method> {
-    if (!name.arguments.empty() || name.gradient_bits) name.Refuse("half-cast takes no arguments");
+    if (!name.arguments.empty() || name.gradient) name.Refuse("half-cast takes no arguments");
     return std::make_unique<HalfCast>();
   });
   EXPECT_EQ(Method::Parse("half-cast")->ToString(), "half-cast");

@@ -57,25 +57,26 @@ class AmaqClientCodec : public ClientCodec {
 
 class AmaqServerCodec : public ServerCodec {
  public:
-  explicit AmaqServerCodec(std::optional<int> gradient_bits) : gradient_bits_(gradient_bits) {}
+  explicit AmaqServerCodec(std::optional<GradientSpec> gradient) : gradient_(gradient) {}
 
  protected:
   GradientFormat GradientFor(const Decoded& activation) const override {
-    GradientFormat f;
+    if (gradient_) return gradient_->Format();
+    GradientFormat f;  // the activation's own widths and granularity
     f.options.scheme = Scheme::kAffine;
     f.options.granularity = activation.granularity;
-    f.bits = gradient_bits_ ? BitsTable::Uniform(*gradient_bits_) : activation.bits;
+    f.bits = activation.bits;
     return f;
   }
 
  private:
-  std::optional<int> gradient_bits_;
+  std::optional<GradientSpec> gradient_;
 };
 
 class Amaq : public Method {
  public:
-  Amaq(double bmax, double bmin, std::optional<double> budget, bool uniform, std::optional<int> gradient_bits)
-      : bmax_(bmax), bmin_(bmin), budget_(budget), uniform_(uniform), gradient_bits_(gradient_bits) {}
+  Amaq(double bmax, double bmin, std::optional<double> budget, bool uniform, std::optional<GradientSpec> gradient)
+      : bmax_(bmax), bmin_(bmin), budget_(budget), uniform_(uniform), gradient_(gradient) {}
 
   std::string ToString() const override {
     char buf[64];
@@ -84,7 +85,7 @@ class Amaq : public Method {
     } else {
       std::snprintf(buf, sizeof buf, "amaq:%g->%g", bmax_, bmin_);
     }
-    return std::string(buf) + (uniform_ ? ":uniform" : "") + GradientSuffix(gradient_bits_);
+    return std::string(buf) + (uniform_ ? ":uniform" : "") + GradientSuffix(gradient_);
   }
   std::unique_ptr<ClientCodec> MakeClientCodec(const CodecContext& context) const override {
     AmaqOptions a;
@@ -99,7 +100,7 @@ class Amaq : public Method {
     return std::make_unique<AmaqClientCodec>(context.channels, a);
   }
   std::unique_ptr<ServerCodec> MakeServerCodec(const CodecContext&) const override {
-    return std::make_unique<AmaqServerCodec>(gradient_bits_);
+    return std::make_unique<AmaqServerCodec>(gradient_);
   }
   std::optional<double> target_bits() const override { return budget_; }
 
@@ -107,7 +108,7 @@ class Amaq : public Method {
   double bmax_, bmin_;
   std::optional<double> budget_;
   bool uniform_;
-  std::optional<int> gradient_bits_;
+  std::optional<GradientSpec> gradient_;
 };
 
 }  // namespace
@@ -133,7 +134,7 @@ std::unique_ptr<Method> ParseAmaq(const MethodName& name) {
   if (uniform && !budget) name.Refuse("uniform widths follow a budget's schedule: amaq:budget=<bits>:uniform");
   if (!(bmin >= kMinBits && bmax <= kMaxBits && bmin < bmax)) name.Refuse("AMAQ needs 1 <= bmin < bmax <= 8");
   if (budget && !(*budget >= bmin && *budget <= bmax)) name.Refuse("the budget must lie between bmin and bmax");
-  return std::make_unique<Amaq>(bmax, bmin, budget, uniform, name.gradient_bits);
+  return std::make_unique<Amaq>(bmax, bmin, budget, uniform, name.gradient);
 }
 
 }  // namespace amaq::quant

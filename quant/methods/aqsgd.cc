@@ -63,17 +63,13 @@ class AqsgdServerCodec : public ServerCodec {
 
 class Aqsgd : public Method {
  public:
-  Aqsgd(int bits, std::optional<int> gradient_bits) : bits_(bits), gradient_bits_(gradient_bits) {}
-  std::string ToString() const override { return "aqsgd:" + std::to_string(bits_) + GradientSuffix(gradient_bits_); }
+  Aqsgd(int bits, std::optional<GradientSpec> gradient) : bits_(bits), gradient_(gradient) {}
+  std::string ToString() const override { return "aqsgd:" + std::to_string(bits_) + GradientSuffix(gradient_); }
   std::unique_ptr<ClientCodec> MakeClientCodec(const CodecContext& context) const override {
     return std::make_unique<AqsgdClientCodec>(Options(context));
   }
   std::unique_ptr<ServerCodec> MakeServerCodec(const CodecContext& context) const override {
-    GradientFormat gradient;
-    gradient.options.scheme = Scheme::kAffine;
-    gradient.options.granularity = Granularity::kChannel;
-    gradient.bits = BitsTable::Uniform(gradient_bits_.value_or(8));
-    return std::make_unique<AqsgdServerCodec>(Options(context), gradient);
+    return std::make_unique<AqsgdServerCodec>(Options(context), gradient_.value_or(GradientSpec{}).Format());
   }
 
  private:
@@ -86,14 +82,14 @@ class Aqsgd : public Method {
   }
 
   int bits_;
-  std::optional<int> gradient_bits_;
+  std::optional<GradientSpec> gradient_;
 };
 
 }  // namespace
 
 std::unique_ptr<Method> ParseAqsgd(const MethodName& name) {
   if (name.arguments.size() != 1) name.Refuse("aqsgd takes the bits of its deltas");
-  return std::make_unique<Aqsgd>(name.Bits(name.arguments[0], 2), name.gradient_bits);
+  return std::make_unique<Aqsgd>(name.Bits(name.arguments[0], 2), name.gradient);
 }
 
 }  // namespace amaq::quant

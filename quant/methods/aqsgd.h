@@ -1,6 +1,6 @@
-// aqsgd:<bits>[:grad=<bits>]: AQ-SGD (quant/aqsgd.h): a sample's first activation in bf16, then
+// aqsgd:<bits>[:grad=...]: AQ-SGD (quant/aqsgd.h): a sample's first activation in bf16, then
 // <bits>-bit deltas against both sides' cache of it; evaluation activations in bf16; gradients
-// affine per channel at 8 bits, or at grad= bits. Training batches keep one shape (rows are keyed
+// affine per channel at 8 bits, or as grad= says. Training batches keep one shape (rows are keyed
 // by sample), and the server's cache survives reconnects.
 #pragma once
 

@@ -22,8 +22,8 @@ class FixedServerCodec : public ServerCodec {
 
 class Fixed : public Method {
  public:
-  Fixed(int bits, std::string granularity, int group_size, std::optional<int> gradient_bits)
-      : bits_(bits), granularity_(std::move(granularity)), group_size_(group_size), gradient_bits_(gradient_bits) {
+  Fixed(int bits, std::string granularity, int group_size, std::optional<GradientSpec> gradient)
+      : bits_(bits), granularity_(std::move(granularity)), group_size_(group_size), gradient_(gradient) {
     options_.scheme = Scheme::kAffine;
     options_.granularity = kGranularities.at(granularity_);
     options_.group_size = group_size_;
@@ -31,20 +31,20 @@ class Fixed : public Method {
   std::string ToString() const override {
     std::string s = "fixed:" + std::to_string(bits_) + ":" + granularity_;
     if (options_.granularity == Granularity::kGroup) s += ":" + std::to_string(group_size_);
-    return s + GradientSuffix(gradient_bits_);
+    return s + GradientSuffix(gradient_);
   }
   std::unique_ptr<ClientCodec> MakeClientCodec(const CodecContext&) const override {
     return std::make_unique<PlainClientCodec>(options_, BitsTable::Uniform(bits_));
   }
   std::unique_ptr<ServerCodec> MakeServerCodec(const CodecContext&) const override {
-    return std::make_unique<FixedServerCodec>(GradientFormat{options_, BitsTable::Uniform(gradient_bits_.value_or(bits_))});
+    return std::make_unique<FixedServerCodec>(gradient_ ? gradient_->Format() : GradientFormat{options_, BitsTable::Uniform(bits_)});
   }
 
  private:
   int bits_;
   std::string granularity_;
   int group_size_;
-  std::optional<int> gradient_bits_;
+  std::optional<GradientSpec> gradient_;
   EncodeOptions options_;
 };
 
@@ -63,7 +63,7 @@ std::unique_ptr<Method> ParseFixed(const MethodName& name) {
     if (g < 1 || g != static_cast<int>(g)) name.Refuse("group size must be a positive integer");
     group_size = static_cast<int>(g);
   }
-  return std::make_unique<Fixed>(bits, granularity, group_size, name.gradient_bits);
+  return std::make_unique<Fixed>(bits, granularity, group_size, name.gradient);
 }
 
 }  // namespace amaq::quant

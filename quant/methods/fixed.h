@@ -1,6 +1,6 @@
-// fixed:<bits>[:tensor|channel|token|group[:<size>]][:grad=<bits>]: every activation affine at one
+// fixed:<bits>[:tensor|channel|token|group[:<size>]][:grad=...]: every activation affine at one
 // width and granularity (default channel; group size 128); the gradient at the same width and
-// granularity, or at grad= bits.
+// granularity, or as grad= says.
 #pragma once
 
 #include <memory>

@@ -38,7 +38,7 @@ class FloatCast : public Method {
 }  // namespace
 
 std::unique_ptr<Method> ParseFloatCast(const MethodName& name) {
-  if (name.gradient_bits) name.Refuse("float methods send gradients as they send activations; grad= is for quantized ones");
+  if (name.gradient) name.Refuse("float methods send gradients as they send activations; grad= is for quantized ones");
   if (!name.arguments.empty()) name.Refuse("a float cast takes no arguments");
   return std::make_unique<FloatCast>(name.name == "bf16"   ? Scheme::kBFloat16
                                      : name.name == "fp16" ? Scheme::kFloat16
