@@ -153,5 +153,5 @@ int Run(const Config& c) {
 
 int main(int argc, char** argv) {
   Config config = StudyConfig();
-  return RunProgram(config, argc, argv, Run);
+  return RunProgram(config, argc, argv, Run, client::CheckClientConfig);
 }

@@ -6,6 +6,9 @@
 #include "common/base/error.h"
 #include "common/model/lora_keys.h"
 #include "common/base/option_keys.h"
+#include "common/base/program.h"
+#include "common/net/host_port.h"
+#include "quant/method.h"
 
 namespace amaq::client {
 
@@ -95,7 +98,7 @@ Config ClientConfig() {
   c.AddInt("shard_count", 1, "number of shares", 1, 1 << 20);
   c.AddInt("max_train_examples", 0, "cap on this client's training examples (0: all)", 0, INT64_MAX);
   c.AddInt("threads", 0, "intra-op CPU threads (0: every core)", 0, 1024);
-  c.AddString("log_level", "info", "spdlog level", {"trace", "debug", "info", "warn", "error"});
+  AddProgramKeys(c);
   return c;
 }
 
@@ -105,6 +108,11 @@ ClientOptions ClientOptionsFrom(const Config& c) {
 
 GrpcOptions GrpcOptionsFrom(const Config& c) {
   return OptionsFrom<GrpcOptions>(c, [](auto& keys) { GrpcOptionKeys(keys); });
+}
+
+void CheckClientConfig(const Config& c) {
+  quant::Method::Parse(ClientOptionsFrom(c).method);
+  SplitHostPort(c.String("server"), "server");
 }
 
 Dataset LoadTask(const Config& c) {

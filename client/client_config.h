@@ -18,6 +18,9 @@ ClientOptions ClientOptionsFrom(const Config& c);
 // The connection's options (the token read from token_file when it is set; throws amaq::Error
 // kNotFound when that file is missing).
 GrpcOptions GrpcOptionsFrom(const Config& c);
+// What --check_config validates beyond the keys: the options, the method and the server address
+// (not the token, TLS or data files, which may live where the check does not run).
+void CheckClientConfig(const Config& c);
 // The task's data set with this client's shard of the training examples (shard_index,
 // shard_count, max_train_examples). Throws amaq::Error (kNotFound) for missing data files.
 Dataset LoadTask(const Config& c);

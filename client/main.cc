@@ -36,5 +36,5 @@ int Run(const Config& c) {
 
 int main(int argc, char** argv) {
   Config config = client::ClientConfig();
-  return RunProgram(config, argc, argv, Run);
+  return RunProgram(config, argc, argv, Run, client::CheckClientConfig);
 }

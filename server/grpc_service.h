@@ -117,8 +117,8 @@ grpc::Status ToStatus(const std::exception& e);
 
 // The standard services every amaq gRPC server offers beside SplitTraining, so that generic probes
 // and tools work: grpc.health.v1.Health (unauthenticated; SERVING from the moment the server is
-// built, which is after the model is loaded and the checkpoint restored, NOT_SERVING once it shuts
-// down) and server reflection. Call before creating the grpc::ServerBuilder.
+// built, which is after the model is loaded and the checkpoint restored, NOT_SERVING once it starts
+// to drain or shuts down) and server reflection. Call before creating the grpc::ServerBuilder.
 void EnableStandardServices();
 
 // What every amaq gRPC server sets: the largest message (a step chunk, or an adapter upload, and

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <fstream>
 #include <sstream>
@@ -108,18 +109,22 @@ int Run(const Config& c) {
   spdlog::info("at most {} client connections at once (max_connections {}, open-files limit {})", front.max_connections,
                c.Int("max_connections"), open_files);
   if (!c.String("port_file").empty()) std::ofstream(c.String("port_file")) << port << "\n";
+  std::atomic<bool> draining{false};
   std::unique_ptr<server::MetricsHttp> metrics;
   if (!c.String("metrics_listen").empty()) {
     server::MetricsOptions m;
     m.listen = c.String("metrics_listen");
     if (!c.String("metrics_token_file").empty()) m.token = ReadMetricsToken(c.String("metrics_token_file"));
-    metrics = std::make_unique<server::MetricsHttp>(m, [&service] { return RenderMetrics(service); });
+    metrics = std::make_unique<server::MetricsHttp>(m, [&service] { return RenderMetrics(service); },
+                                                    [&draining] { return !draining; });
     spdlog::info("metrics on http://{}/metrics (port {}){}", m.listen, metrics->port(), m.token.empty() ? "" : ", bearer token required");
   }
   spdlog::info("amaq-server listening on port {} ({})", port, c.Bool("insecure") ? "plain text" : "TLS");
 
   const int received = WaitForStopSignal();
   spdlog::info("signal {}: draining steps in flight", received);
+  draining = true;  // /readyz and the gRPC health service say NOT_SERVING from here on
+  grpc_server->GetHealthCheckService()->SetServingStatus(false);
   grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
   split.Checkpoint();
   spdlog::info("stopped{}", o.checkpoint_dir.empty() ? "" : "; checkpoint written to " + o.checkpoint_dir);
@@ -131,5 +136,5 @@ int Run(const Config& c) {
 int main(int argc, char** argv) {
   BlockStopSignals();  // taken by WaitForStopSignal in Run
   Config config = server::ServerConfig();
-  return RunProgram(config, argc, argv, Run);
+  return RunProgram(config, argc, argv, Run, server::CheckServerConfig);
 }

@@ -22,6 +22,7 @@ using asio::ip::tcp;
 struct MetricsHttp::Impl {
   MetricsOptions options;
   std::function<std::string()> render;
+  std::function<bool()> ready;
   int open = 0;  // connections being served; outlives `io`, whose handlers own the sessions
   asio::io_context io;
   tcp::acceptor acceptor{io};
@@ -51,17 +52,25 @@ struct MetricsHttp::Impl {
       const auto& request = parser_.get();
       response_.version(request.version());
       response_.keep_alive(false);
-      if (!impl_.options.token.empty() && request[http::field::authorization] != "Bearer " + impl_.options.token) {
+      const bool get = request.method() == http::verb::get;
+      if (get && request.target() == "/healthz") {
+        response_.result(http::status::ok);
+        response_.body() = "ok\n";
+      } else if (get && request.target() == "/readyz") {
+        const bool ready = impl_.ready();
+        response_.result(ready ? http::status::ok : http::status::service_unavailable);
+        response_.body() = ready ? "ready\n" : "not ready: starting or draining\n";
+      } else if (!impl_.options.token.empty() && request[http::field::authorization] != "Bearer " + impl_.options.token) {
         response_.result(http::status::unauthorized);
         response_.set(http::field::www_authenticate, "Bearer");
         response_.body() = "amaq-server: /metrics needs \"Authorization: Bearer <metrics token>\"\n";
-      } else if (request.method() == http::verb::get && request.target() == "/metrics") {
+      } else if (get && request.target() == "/metrics") {
         response_.result(http::status::ok);
         response_.set(http::field::content_type, "text/plain; version=0.0.4");
         response_.body() = impl_.render();
       } else {
         response_.result(http::status::not_found);
-        response_.body() = "amaq-server serves GET /metrics\n";
+        response_.body() = "amaq-server serves GET /metrics, /healthz and /readyz\n";
       }
       response_.prepare_payload();
       http::async_write(stream_, response_, [self = shared_from_this()](beast::error_code, size_t) {
@@ -94,11 +103,13 @@ struct MetricsHttp::Impl {
   }
 };
 
-MetricsHttp::MetricsHttp(MetricsOptions options, std::function<std::string()> render) : impl_(std::make_unique<Impl>()) {
+MetricsHttp::MetricsHttp(MetricsOptions options, std::function<std::string()> render, std::function<bool()> ready)
+    : impl_(std::make_unique<Impl>()) {
   const std::string listen = options.listen.find(':') == std::string::npos ? "127.0.0.1:" + options.listen : options.listen;
   const auto [host, port] = SplitHostPort(listen, "metrics_listen");
   impl_->options = std::move(options);
   impl_->render = std::move(render);
+  impl_->ready = std::move(ready);
   boost::system::error_code ec;
   const tcp::endpoint endpoint(asio::ip::make_address(host == "localhost" ? "127.0.0.1" : host, ec), port);
   Require(!ec, ErrorCode::kInvalidArgument, "metrics_listen must be an IP address and port, got '" + listen + "'");

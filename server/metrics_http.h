@@ -1,6 +1,9 @@
 // MetricsHttp: the Prometheus text endpoint (GET /metrics) of amaq-server, served by Boost.Beast
 // on its own thread: per client bytes up and down (protobuf bytes as the service counted them),
 // applied steps, last loss, average bits of the last activation, last step latency, connected.
+// Probes for load balancers and Kubernetes, answered without the token (they tell nothing else):
+// GET /healthz 200 while the process serves; GET /readyz 200 while `ready()` is true (model
+// loaded, checkpoint restored, not draining), 503 otherwise.
 //
 // It is built for an untrusted network: connections are served concurrently (asynchronously, on
 // the one thread), each must send its request and take the answer within `timeout_seconds`, at most
@@ -25,9 +28,11 @@ struct MetricsOptions {
 
 class MetricsHttp {
  public:
-  // `render` produces the page; throws amaq::Error (kUnavailable) when it cannot listen,
-  // (kInvalidArgument) for a malformed address. The destructor closes every connection.
-  MetricsHttp(MetricsOptions options, std::function<std::string()> render);
+  // `render` produces the page and `ready` answers /readyz, both called on the endpoint's thread;
+  // throws amaq::Error (kUnavailable) when it cannot listen, (kInvalidArgument) for a malformed
+  // address. The destructor closes every connection.
+  MetricsHttp(MetricsOptions options, std::function<std::string()> render,
+              std::function<bool()> ready = [] { return true; });
   ~MetricsHttp();
   uint16_t port() const;
 

@@ -4,6 +4,8 @@
 
 #include "common/model/lora_keys.h"
 #include "common/base/option_keys.h"
+#include "common/base/program.h"
+#include "common/net/host_port.h"
 
 namespace amaq::server {
 
@@ -57,7 +59,7 @@ Config ServerConfig() {
               "address:port of the Prometheus /metrics endpoint, or a port for 127.0.0.1:port (empty: off)");
   c.AddString("metrics_token_file", "", "file holding the bearer token /metrics requires (empty: none; then bind to 127.0.0.1)");
   c.AddInt("threads", 0, "intra-op CPU threads (0: every core)", 0, 1024);
-  c.AddString("log_level", "info", "spdlog level", {"trace", "debug", "info", "warn", "error"});
+  AddProgramKeys(c);
   return c;
 }
 
@@ -67,6 +69,14 @@ ServerOptions ServerOptionsFrom(const Config& c) {
 
 ServiceOptions ServiceOptionsFrom(const Config& c) {
   return OptionsFrom<ServiceOptions>(c, [](auto& keys) { ServiceOptionKeys(keys); });
+}
+
+void CheckServerConfig(const Config& c) {
+  ServerOptionsFrom(c);
+  ServiceOptionsFrom(c);
+  SplitHostPort(c.String("listen"), "listen");
+  const std::string metrics = c.String("metrics_listen");
+  if (!metrics.empty() && metrics.find(':') != std::string::npos) SplitHostPort(metrics, "metrics_listen");
 }
 
 }  // namespace amaq::server

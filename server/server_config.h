@@ -12,5 +12,7 @@ namespace amaq::server {
 Config ServerConfig();
 ServerOptions ServerOptionsFrom(const Config& c);
 ServiceOptions ServiceOptionsFrom(const Config& c);
+// What --check_config validates beyond the keys: both options structs and the addresses.
+void CheckServerConfig(const Config& c);
 
 }  // namespace amaq::server

@@ -10,6 +10,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include <atomic>
 #include <climits>
 #include <cmath>
 #include <filesystem>
@@ -252,13 +253,13 @@ namespace http = boost::beast::http;
 using asio::ip::tcp;
 
 // One GET /metrics with an optional bearer token; returns the HTTP status (0: no answer).
-int GetMetrics(uint16_t port, const std::string& token, std::string* body = nullptr) {
+int GetMetrics(uint16_t port, const std::string& token, std::string* body = nullptr, const std::string& target = "/metrics") {
   asio::io_context io;
   tcp::socket socket(io);
   boost::system::error_code ec;
   socket.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port), ec);
   if (ec) return 0;
-  http::request<http::empty_body> request(http::verb::get, "/metrics", 11);
+  http::request<http::empty_body> request(http::verb::get, target, 11);
   request.set(http::field::host, "localhost");
   if (!token.empty()) request.set(http::field::authorization, "Bearer " + token);
   http::write(socket, request, ec);
@@ -291,6 +292,26 @@ TEST(MetricsEndpoint, SlowClientsDoNotBlockItAndATokenGuardsIt) {
   boost::system::error_code ec;
   slow.read_some(asio::buffer(&byte, 1), ec);  // the server closes it after its timeout
   EXPECT_TRUE(ec == asio::error::eof || ec == asio::error::connection_reset) << ec.message();
+}
+
+// The probes a load balancer or Kubernetes uses need no token and say only whether the server
+// lives and is ready; the metrics behind the same port still need it.
+TEST(MetricsEndpoint, HealthAndReadinessAnswerWithoutTheToken) {
+  server::MetricsOptions o;
+  o.listen = "0";
+  o.token = "metrics-token-0123456789";
+  std::atomic<bool> ready{true};
+  server::MetricsHttp metrics(o, [] { return std::string("amaq_up 1\n"); }, [&ready] { return ready.load(); });
+  std::string body;
+  EXPECT_EQ(GetMetrics(metrics.port(), "", &body, "/healthz"), 200);
+  EXPECT_EQ(GetMetrics(metrics.port(), "", &body, "/readyz"), 200);
+  EXPECT_EQ(body, "ready\n");
+  ready = false;  // draining
+  EXPECT_EQ(GetMetrics(metrics.port(), "", &body, "/readyz"), 503);
+  EXPECT_EQ(GetMetrics(metrics.port(), "", &body, "/healthz"), 200);
+  EXPECT_EQ(GetMetrics(metrics.port(), "", &body, "/metrics"), 401) << "the probes open nothing else";
+  EXPECT_NE(body.find("Bearer"), std::string::npos);
+  EXPECT_EQ(GetMetrics(metrics.port(), o.token, &body, "/other"), 404);
 }
 
 // Item 1: plain TCP connections that never speak TLS, past the open-files limit, against a server

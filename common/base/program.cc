@@ -5,6 +5,8 @@
 #include <spdlog/spdlog.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <filesystem>
 #include <cmath>
 #include <ctime>
 
@@ -12,10 +14,22 @@
 
 namespace amaq {
 
-int RunProgram(Config& config, int argc, char** argv, const std::function<int(const Config&)>& run) {
+void AddProgramKeys(Config& config) {
+  config.AddString("log_level", "info", "spdlog level", {"trace", "debug", "info", "warn", "error"});
+  config.AddBool("check_config", false,
+                 "validate the settings (ranges, method, addresses; no file but --config is opened) and exit: 0 valid, 2 not");
+}
+
+int RunProgram(Config& config, int argc, char** argv, const std::function<int(const Config&)>& run,
+               const std::function<void(const Config&)>& check) {
   try {
     if (!config.Parse(argc, argv)) return 0;
     spdlog::set_level(spdlog::level::from_str(config.String("log_level")));
+    if (config.Bool("check_config")) {
+      check(config);
+      std::printf("%s: the configuration is valid\n", std::filesystem::path(argv[0]).filename().c_str());
+      return 0;
+    }
     spdlog::debug("configuration:\n{}", config.Dump());
     return run(config);
   } catch (const Error& e) {

@@ -1,6 +1,7 @@
 // The error boundary of amaq's programs (docs/architecture.md, "Errors"): parses the settings,
 // sets the log level, runs the program, and turns what escapes into a log line and an exit code:
-// 0 done, 1 failed, 2 bad settings (amaq::Error kInvalidArgument).
+// 0 done, 1 failed, 2 bad settings (amaq::Error kInvalidArgument). With --check_config the
+// program only validates its settings (check) and exits: 0 valid, 2 not.
 #pragma once
 
 #include <cstdint>
@@ -10,7 +11,14 @@
 
 namespace amaq {
 
-int RunProgram(Config& config, int argc, char** argv, const std::function<int(const Config&)>& run);
+// The keys every program has: log_level and check_config. Call from the program's Config().
+void AddProgramKeys(Config& config);
+
+// `check` validates what the program derives from its settings (option ranges, method names,
+// addresses) without opening a file, a socket or the model, so that a deployment's arguments can
+// be checked where its paths do not exist (tests/deploy_test.py). It throws amaq::Error.
+int RunProgram(Config& config, int argc, char** argv, const std::function<int(const Config&)>& run,
+               const std::function<void(const Config&)>& check);
 
 // SIGINT and SIGTERM stop the long-running programs (amaq-server, amaq-netem) cleanly.
 // BlockStopSignals() blocks them in the calling thread: call it first in main, so that every

@@ -2,6 +2,9 @@
 
 #include <cstdint>
 
+#include "common/base/program.h"
+#include "common/net/host_port.h"
+
 namespace amaq {
 
 Config NetemConfig() {
@@ -21,8 +24,13 @@ Config NetemConfig() {
   c.AddDouble("blackhole_at", -1, "drop all traffic from this many seconds after start (-1: never)", -1, 1e9);
   c.AddInt("seed", 1, "seed of the jitter", 0, INT64_MAX);
   c.AddDouble("report_seconds", 10, "log the traffic carried this often (0: never)", 0, 1e6);
-  c.AddString("log_level", "info", "spdlog level", {"trace", "debug", "info", "warn", "error"});
+  AddProgramKeys(c);
   return c;
+}
+
+void CheckNetemConfig(const Config& c) {
+  SplitHostPort(c.String("upstream"), "upstream");
+  SplitHostPort(c.String("listen"), "listen");
 }
 
 }  // namespace amaq

@@ -7,5 +7,7 @@
 namespace amaq {
 
 Config NetemConfig();
+// What --check_config validates beyond the keys: both addresses.
+void CheckNetemConfig(const Config& c);
 
 }  // namespace amaq

@@ -57,5 +57,5 @@ int Run(const Config& c) {
 int main(int argc, char** argv) {
   BlockStopSignals();
   Config config = NetemConfig();
-  return RunProgram(config, argc, argv, Run);
+  return RunProgram(config, argc, argv, Run, CheckNetemConfig);
 }
