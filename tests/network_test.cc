@@ -167,6 +167,44 @@ TEST_F(Network, TheStandardHealthServiceAnswersWithoutAToken) {
   EXPECT_EQ(HealthCheck(RawChannel(), std::string("\x0a\x07unknown", 9)).first.error_code(), grpc::StatusCode::NOT_FOUND);
 }
 
+// Generic gRPC tools learn the server's services by reflection: ServerReflectionInfo with a
+// ServerReflectionRequest{list_services: ""} (field 7) lists SplitTraining and the health service.
+TEST_F(Network, ReflectionListsTheServices) {
+  StartServer();
+  grpc::GenericStub stub(RawChannel());
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  grpc::CompletionQueue queue;
+  const auto call = stub.PrepareCall(&context, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &queue);
+  const auto await = [&queue](intptr_t expected) {
+    void* tag = nullptr;
+    bool ok = false;
+    EXPECT_TRUE(queue.Next(&tag, &ok));
+    EXPECT_EQ(reinterpret_cast<intptr_t>(tag), expected);
+    return ok;
+  };
+  call->StartCall(reinterpret_cast<void*>(1));
+  ASSERT_TRUE(await(1));
+  grpc::Slice slice(std::string("\x3a\x00", 2));
+  grpc::ByteBuffer request(&slice, 1), reply;
+  call->Write(request, reinterpret_cast<void*>(2));
+  ASSERT_TRUE(await(2));
+  call->WritesDone(reinterpret_cast<void*>(3));
+  ASSERT_TRUE(await(3));
+  call->Read(&reply, reinterpret_cast<void*>(4));
+  ASSERT_TRUE(await(4)) << "no reflection reply";
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(5));
+  EXPECT_TRUE(await(5));
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(reply.Dump(&slices).ok());
+  std::string bytes;
+  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  EXPECT_NE(bytes.find("amaq.v1.SplitTraining"), std::string::npos);
+  EXPECT_NE(bytes.find("grpc.health.v1.Health"), std::string::npos);
+}
+
 TEST_F(Network, UnauthenticatedClientsAreRefused) {
   StartServer();
   const std::string fp = ModelFingerprint(*model_, 2);
