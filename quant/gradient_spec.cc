@@ -4,9 +4,9 @@ namespace amaq::quant {
 
 std::string GradientSpec::ToString() const {
   std::string s = ":grad=" + std::to_string(bits);
-  if (granularity == Granularity::kToken) s += ",token";
-  if (scheme == Scheme::kSymmetric) s += ",symmetric";
-  if (rounding == Rounding::kStochastic) s += ",stochastic";
+  if (granularity == Granularity::kToken) s += ":token";
+  if (scheme == Scheme::kSymmetric) s += ":symmetric";
+  if (rounding == Rounding::kStochastic) s += ":stochastic";
   return s;
 }
 

@@ -1,6 +1,6 @@
 // GradientSpec: how a method's gradients go back when its name ends in
 //
-//   :grad=<bits>[,token][,symmetric][,stochastic]
+//   :grad=<bits>[:token][:symmetric][:stochastic]
 //
 // every element at <bits> (2..8); scales per channel (default) or per token (one per row, so a
 // row of tiny gradients keeps its own resolution); an affine grid over [min, max] (default) or a
@@ -21,7 +21,7 @@ struct GradientSpec {
   Scheme scheme = Scheme::kAffine;
   Rounding rounding = Rounding::kNearest;
 
-  // The name's suffix, options in the order above: ":grad=4,token,symmetric".
+  // The name's suffix, options in the order above: ":grad=4:token:symmetric".
   std::string ToString() const;
   // The codec options and widths of the gradient messages.
   GradientFormat Format() const;

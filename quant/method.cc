@@ -15,7 +15,7 @@ namespace {
 
 constexpr char kForms[] =
     "use fp32, bf16, fp16, fixed:<bits>[:tensor|channel|token|group[:<size>]], amaq[:<bmax>-><bmin>], "
-    "amaq:budget=<bits>[:uniform] or aqsgd:<bits>, each quantized one optionally ending in :grad=<bits>[,token][,symmetric][,stochastic]";
+    "amaq:budget=<bits>[:uniform] or aqsgd:<bits>, each quantized one optionally ending in :grad=<bits>[:token][:symmetric][:stochastic]";
 
 // The factory: one line per method.
 std::map<std::string, MethodParser>& Parsers() {
@@ -28,15 +28,15 @@ std::map<std::string, MethodParser>& Parsers() {
   return parsers;
 }
 
-// "<bits>[,token][,symmetric][,stochastic]" (options in any order, each once).
+// "<bits>[:token][:symmetric][:stochastic]" (options in any order, each once).
 GradientSpec ParseGradient(const MethodName& name, const std::string& spec) {
   std::stringstream ss(spec);
   std::string part;
-  std::getline(ss, part, ',');
+  std::getline(ss, part, ':');
   GradientSpec g;
   g.bits = name.Bits(part, 2);
   std::set<std::string> seen;
-  while (std::getline(ss, part, ',')) {
+  while (std::getline(ss, part, ':')) {
     if (!seen.insert(part).second) name.Refuse("gradient option '" + part + "' is given twice");
     if (part == "token") {
       g.granularity = Granularity::kToken;
@@ -80,13 +80,11 @@ std::string GradientSuffix(const std::optional<GradientSpec>& gradient) { return
 std::unique_ptr<Method> Method::Parse(const std::string& text) {
   MethodName name;
   name.text = text;
-  std::stringstream ss(text);
+  const size_t grad = text.find(":grad=");  // the gradient's part runs to the end
+  std::stringstream ss(text.substr(0, grad));
   std::getline(ss, name.name, ':');
   for (std::string part; std::getline(ss, part, ':');) name.arguments.push_back(part);
-  if (!name.arguments.empty() && name.arguments.back().rfind("grad=", 0) == 0) {
-    name.gradient = ParseGradient(name, name.arguments.back().substr(5));
-    name.arguments.pop_back();
-  }
+  if (grad != std::string::npos) name.gradient = ParseGradient(name, text.substr(grad + 6));
   const auto parser = Parsers().find(name.name);
   if (text.empty() || parser == Parsers().end()) {
     throw Error(ErrorCode::kInvalidArgument, "unknown method '" + text + "': " + kForms);

@@ -8,7 +8,7 @@
 //                                               uniform: every channel one width on the same
 //                                               schedule, no learned allocation (the control)
 //   aqsgd:<bits>                                AQ-SGD with <bits>-bit deltas (gradients 8-bit)
-//   <quantized method>:grad=<bits>[,token][,symmetric][,stochastic]
+//   <quantized method>:grad=<bits>[:token][:symmetric][:stochastic]
 //                                               its gradients go back at a fixed width, with
 //                                               those scales, grid and rounding (gradient_spec.h)
 //

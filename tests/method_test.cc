@@ -16,13 +16,14 @@ TEST(Method, ParsesEveryFormToItsCanonicalName) {
       {"fp32", "fp32"}, {"none", "fp32"}, {"bf16", "bf16"}, {"fixed:3", "fixed:3:channel"},
       {"fixed:4:group", "fixed:4:group:128"}, {"amaq", "amaq:8->3"}, {"amaq:6->4", "amaq:6->4"},
       {"amaq:budget=3.50", "amaq:budget=3.5"}, {"aqsgd:4:grad=6", "aqsgd:4:grad=6"},
-      {"fixed:3:grad=4,symmetric,token", "fixed:3:channel:grad=4,token,symmetric"}};
+      {"fixed:3:grad=4:symmetric:token", "fixed:3:channel:grad=4:token:symmetric"}};
   for (const auto& [text, canonical] : forms) EXPECT_EQ(Method::Parse(text)->ToString(), canonical) << text;
   for (const char* text : {"bf16", "fixed:4:channel", "fixed:3:group:128", "fixed:2:tensor", "fixed:4:token", "amaq:8->3",
                            "amaq:budget=3.5", "aqsgd:4", "amaq:budget=3:uniform", "amaq:budget=4:grad=8",
-                           "fixed:3:channel:grad=8", "fixed:4:group:64:grad=6", "aqsgd:4:grad=6", "fixed:3:channel:grad=4,token",
-                           "amaq:budget=3:grad=3,symmetric", "fixed:3:channel:grad=4,token,symmetric,stochastic"}) {
+                           "fixed:3:channel:grad=8", "fixed:4:group:64:grad=6", "aqsgd:4:grad=6", "fixed:3:channel:grad=4:token",
+                           "amaq:budget=3:grad=3:symmetric", "fixed:3:channel:grad=4:token:symmetric:stochastic"}) {
     EXPECT_EQ(Method::Parse(text)->ToString(), text);
+    EXPECT_EQ(std::string(text).find(','), std::string::npos) << "method names go into CSV files unquoted";
   }
   EXPECT_EQ(*Method::Parse("amaq:budget=3.5")->target_bits(), 3.5);
   EXPECT_FALSE(Method::Parse("amaq:8->3")->target_bits());
@@ -32,7 +33,7 @@ TEST(Method, RefusesBadFormsWithTheAllowedOnes) {
   for (const char* text : {"", "int8", "fixed", "fixed:9", "fixed:0", "fixed:4:row", "fixed:4:channel:8",
                            "amaq:3->8", "amaq:9->3", "amaq:budget=2", "amaq:uniform", "amaq:budget=3:grad=9", "amaq:budget=3:wide", "bf16:grad=8",
                            "amaq:grad=8:uniform", "aqsgd:1", "aqsgd", "fixed:x", "bf16:4", "fixed:4:group:0",
-                           "fixed:3:grad=4,row", "fixed:3:grad=4,token,token", "fixed:3:grad=,token", "bf16:grad=4,token"}) {
+                           "fixed:3:grad=4:row", "fixed:3:grad=4:token,token", "fixed:3:grad=:token", "bf16:grad=4:token"}) {
     try {
       Method::Parse(text);
       ADD_FAILURE() << text << " was accepted";
@@ -112,8 +113,8 @@ TEST(MethodCodecs, TheServerDecodesWhatTheClientSentAndAnswersInTheMethodsFormat
   EXPECT_EQ(aqsgd.gradient_message.bits, BitsTable::Uniform(8));
   EXPECT_EQ(aqsgd.gradient_message.granularity, Granularity::kChannel);
   // :grad= options set the gradient's scales and grid, whatever the activation's are.
-  for (const char* method : {"fixed:3:channel:grad=4,token,symmetric", "amaq:8->3:grad=4,token,symmetric",
-                             "aqsgd:4:grad=4,token,symmetric"}) {
+  for (const char* method : {"fixed:3:channel:grad=4:token:symmetric", "amaq:8->3:grad=4:token:symmetric",
+                             "aqsgd:4:grad=4:token:symmetric"}) {
     const Exchange e = RunExchange(method);
     EXPECT_EQ(e.gradient_message.bits, BitsTable::Uniform(4)) << method;
     EXPECT_EQ(e.gradient_message.granularity, Granularity::kToken) << method;
@@ -123,7 +124,7 @@ TEST(MethodCodecs, TheServerDecodesWhatTheClientSentAndAnswersInTheMethodsFormat
 
 // The symmetric grid keeps zero exact, which the affine grid over [min, max] does not.
 TEST(MethodCodecs, ASymmetricGradientGridSendsZerosAsZeros) {
-  const auto [client, server] = MakeHalves("fixed:3:channel:grad=3,symmetric", 4);
+  const auto [client, server] = MakeHalves("fixed:3:channel:grad=3:symmetric", 4);
   const auto [affine_client, affine_server] = MakeHalves("fixed:3:channel:grad=3", 4);
   const torch::Tensor x = torch::randn({3, 4});
   const SampleRows rows{1, 3, {1}};
@@ -148,7 +149,7 @@ TEST(MethodCodecs, ASymmetricGradientGridSendsZerosAsZeros) {
 // Stochastic rounding draws new noise for every gradient message, so its mean over messages
 // converges on the gradient (nearest rounding repeats the same error every time).
 TEST(MethodCodecs, StochasticGradientsAreUnbiasedAcrossMessages) {
-  const auto [client, server] = MakeHalves("fixed:8:channel:grad=2,symmetric,stochastic", 1);
+  const auto [client, server] = MakeHalves("fixed:8:channel:grad=2:symmetric:stochastic", 1);
   const SampleRows rows{1, 2, {1}};
   const torch::Tensor x = torch::randn({2, 1});
   const torch::Tensor g = torch::tensor({{1.0f}, {0.3f}});  // 2-bit symmetric codes: -1, 0, +1
