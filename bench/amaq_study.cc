@@ -34,7 +34,7 @@ using namespace amaq;
 namespace {
 
 Config StudyConfig() {
-  Config c = client::ClientConfig();
+  Config c = client::ClientConfig("amaq-study");
   c.AddString("eval_split", "report", "which split the final metric is measured on", {"tune", "report"});
   c.AddString("out", "", "where the run's JSON result goes (required)");
   c.AddString("channels", "", "AMAQ: per-channel widths and cut statistics as CSV (empty: none)");

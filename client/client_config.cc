@@ -21,7 +21,7 @@ void ClientOptionKeys(Keys& keys) {
   keys.String("client_id", &O::client_id, "this client's name (must match its token)");
   keys.String("model", &O::model_dir, "Hugging Face model directory (the same base model as the server)");
   keys.Int("cut_layer", &O::cut_layer, "layers [0, cut) run here", 0, 1000);
-  keys.String("method", &O::method, "fp32 | bf16 | fp16 | fixed:<b>[:<granularity>[:<G>]] | amaq[:<bmax>-><bmin>] | amaq:budget=<b>[:uniform] | aqsgd:<b>; a quantized one may end in :grad=<b>[,token][,symmetric][,stochastic]");
+  keys.String("method", &O::method, "fp32 | bf16 | fp16 | fixed:<b>[:<granularity>[:<G>]] | amaq[:<bmax>-><bmin>] | amaq:budget=<b>[:uniform] | aqsgd:<b>; a quantized one may end in :grad=<b>[:token][:symmetric][:stochastic]");
   keys.Int("steps", &O::steps, "training steps", 0, INT64_MAX);
   keys.Int("batch", &O::batch, "sequences per step", 1, 1 << 20);
   keys.Int("max_tokens", &O::max_tokens, "longest sequence (prompt cut from the left)", 4, 1 << 20);
@@ -86,8 +86,8 @@ void GrpcOptionKeys(Keys& keys) {
 
 }  // namespace
 
-Config ClientConfig() {
-  Config c("amaq-client");
+Config ClientConfig(const std::string& program) {
+  Config c(program);
   DeclareOptionKeys<GrpcOptions>(c, [](auto& keys) { GrpcOptionKeys(keys); });
   DeclareOptionKeys<ClientOptions>(c, [](auto& keys) { ClientOptionKeys(keys); });
   c.AddString("task", "wordnet", "data set", {"wordnet", "verbs", "arithmetic", "jsonl"});

@@ -12,7 +12,8 @@
 
 namespace amaq::client {
 
-Config ClientConfig();
+// `program` names the keys' owner in --help and in messages (amaq-study builds on these keys).
+Config ClientConfig(const std::string& program = "amaq-client");
 // The SplitClient options the settings give.
 ClientOptions ClientOptionsFrom(const Config& c);
 // The connection's options (the token read from token_file when it is set; throws amaq::Error
