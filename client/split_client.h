@@ -38,7 +38,7 @@ struct ClientOptions {
   std::string client_id = "client-0";
   std::string model_dir = "models/amaq-base";
   int64_t cut_layer = 2;
-  std::string method = "amaq:8->3";
+  std::string method = "amaq:8->2:budget=3:grad=4:token:symmetric";  // docs/study.md
   LoraConfig lora;
   double lr = 2e-3;
   double max_grad_norm = 0;      // clip the client LoRA's gradient norm per step (0: no clipping)
@@ -49,7 +49,7 @@ struct ClientOptions {
   int64_t eval_every = 0;        // 0: evaluate only at the end
   int64_t eval_examples = 200;
   int64_t eval_batch = 32;
-  double amaq_alpha = 1.0, amaq_beta = 0.01, amaq_gate_lr = 0.05;
+  double amaq_alpha = 1.0, amaq_beta = 0.01, amaq_gate_lr = 0.01;
   int64_t amaq_warmup = 0;
   double amaq_ramp_fraction = 0.5;  // budget mode: share of the post-warm-up steps descending
   int64_t aqsgd_cache_mb = 1024;
