@@ -1,5 +1,6 @@
-// LocalTransport: a client's Transport that calls a SplitServer in the same process: the tests
-// (the equivalence of split and local training) and amaq-study (many runs, no network) use it.
+// LocalTransport: a client's Transport that calls a SplitServer in the same process (through
+// DirectTransport): the tests (the equivalence of split and local training) and amaq-study (many
+// runs, no network) use it.
 // Its byte counts are those of the gRPC messages GrpcTransport would exchange for the same calls
 // (proto/step_messages.h: chunked at max_chunk_bytes, each with gRPC's length prefix), so that an
 // in-process run reports the protocol bytes of a network run. `server` must outlive this object.
@@ -9,7 +10,7 @@
 #include <utility>
 
 #include "amaq/v1/split_training.pb.h"
-#include "client/transport.h"
+#include "client/direct_transport.h"
 #include "proto/step_messages.h"
 #include "server/split_server.h"
 
@@ -21,10 +22,9 @@ class LocalTransport : public Transport {
   // `server` must outlive the transport.
   explicit LocalTransport(server::SplitServer& server, size_t max_chunk_bytes = 1 << 20,
                           std::string server_id = "amaq-server")
-      : server_(server), max_chunk_bytes_(max_chunk_bytes), server_id_(std::move(server_id)) {}
+      : direct_(server), max_chunk_bytes_(max_chunk_bytes), server_id_(std::move(server_id)) {}
   int64_t Join(const JoinInfo& info) override {
-    client_id_ = info.client_id;
-    const int64_t last = server_.Join(info.client_id, info.fingerprint, info.cut_layer, info.method);
+    const int64_t last = direct_.Join(info);
     v1::JoinReply reply;
     reply.set_last_applied_step(last);
     reply.set_server_id(server_id_);
@@ -35,18 +35,17 @@ class LocalTransport : public Transport {
   }
   StepResult Step(const StepInput& input) override {
     for (const v1::StepRequest& m : StepRequests(input, max_chunk_bytes_)) up_ += FramedBytes(m);
-    StepResult r = server_.Step(client_id_, input);
+    StepResult r = direct_.Step(input);
     for (const v1::StepReply& m : StepReplies(r, max_chunk_bytes_)) down_ += FramedBytes(m);
     return r;
   }
   NamedFloats SyncAdapters(const NamedFloats& adapter) override {
-    int clients = 0;
     v1::AdapterUpload request;
     ToNamedTensors(adapter, request.mutable_tensors());
+    const NamedFloats average = direct_.SyncAdapters(adapter);
     v1::AdapterAverage reply;
-    const NamedFloats average = server_.AverageAdapters(client_id_, adapter, &clients);
     ToNamedTensors(average, reply.mutable_tensors());
-    reply.set_clients(clients);
+    reply.set_clients(direct_.averaged_clients());
     up_ += FramedBytes(request);
     down_ += FramedBytes(reply);
     return average;
@@ -55,10 +54,9 @@ class LocalTransport : public Transport {
   uint64_t bytes_down() const override { return down_; }
 
  private:
-  server::SplitServer& server_;
+  DirectTransport direct_;
   size_t max_chunk_bytes_;
   std::string server_id_;
-  std::string client_id_;
   uint64_t up_ = 0, down_ = 0;
 };
 
