@@ -189,6 +189,26 @@ TEST_F(BadCheckpoint, ShapeDisagreesWithConfig) {
   EXPECT_TRUE(Mentions(e, "gate_proj.weight") && Mentions(e, "[48, 32]")) << e.what();
 }
 
+// transformers 5 writes "dtype" and one "rope_parameters" object; 4.x "torch_dtype", "rope_theta"
+// and "rope_scaling". Both forms of the same model read as the same configuration.
+TEST(Checkpoint, ConfigsOfTransformers4And5ReadAlike) {
+  ModelConfig c = TinyConfig();
+  c.torch_dtype = "bfloat16";
+  nlohmann::json v5 = c.ToJson();
+  v5.erase("torch_dtype");
+  v5.erase("rope_theta");
+  v5["dtype"] = "bfloat16";
+  v5["rope_parameters"] = v5["rope_scaling"];
+  v5["rope_parameters"]["rope_theta"] = c.rope_theta;
+  v5.erase("rope_scaling");
+  EXPECT_EQ(ModelConfig::FromJson(v5, "v5").ToJson(), c.ToJson());
+
+  v5["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1234.0}};
+  const ModelConfig unscaled = ModelConfig::FromJson(v5, "v5");
+  EXPECT_FALSE(unscaled.rope_scaling.has_value());
+  EXPECT_EQ(unscaled.rope_theta, 1234.0);
+}
+
 TEST_F(BadCheckpoint, MissingDirectoryAndBadConfig) {
   EXPECT_EQ(Expect([] { CheckpointReader::Open("/nonexistent/model"); }).code(), ErrorCode::kNotFound);
   WriteText(dir_ + "/config.json", R"({"model_type": "gpt2", "vocab_size": 10})");

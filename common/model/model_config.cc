@@ -47,25 +47,31 @@ ModelConfig ModelConfig::FromJson(const nlohmann::json& json, const std::string&
                               false);
   c.max_position_embeddings = Field<int64_t>(json, "max_position_embeddings", source, 2048, false);
   c.rms_norm_eps = Field<double>(json, "rms_norm_eps", source, 1e-6, false);
-  c.rope_theta = Field<double>(json, "rope_theta", source, 10000.0, false);
   c.attention_bias = c.model_type == "qwen2" || Field<bool>(json, "attention_bias", source, false, false);
   c.tie_word_embeddings = Field<bool>(json, "tie_word_embeddings", source, false, false);
   c.bos_token_id = Field<int64_t>(json, "bos_token_id", source, 1, false);
   const nlohmann::json& eos = json.contains("eos_token_id") ? json["eos_token_id"] : nlohmann::json();
   c.eos_token_id = eos.is_array() && !eos.empty() ? eos[0].get<int64_t>()
                                                   : Field<int64_t>(json, "eos_token_id", source, 2, false);
-  c.torch_dtype = Field<std::string>(json, "torch_dtype", source, "float32", false);
-  if (json.contains("rope_scaling") && !json["rope_scaling"].is_null()) {
-    const nlohmann::json& rs = json["rope_scaling"];
+  // transformers 5 writes "dtype" and the rotary settings as one "rope_parameters" object
+  // (rope_theta and the scaling together); 4.x writes "torch_dtype", "rope_theta", "rope_scaling".
+  c.torch_dtype = Field<std::string>(json, json.contains("dtype") ? "dtype" : "torch_dtype", source, "float32", false);
+  const bool has_rope_parameters = json.contains("rope_parameters") && json["rope_parameters"].is_object();
+  c.rope_theta = Field<double>(has_rope_parameters ? json["rope_parameters"] : json, "rope_theta", source, 10000.0, false);
+  const char* scaling_key = has_rope_parameters ? "rope_parameters" : "rope_scaling";
+  if (json.contains(scaling_key) && !json[scaling_key].is_null()) {
+    const nlohmann::json& rs = json[scaling_key];
     RopeScaling s;
     s.type = rs.contains("rope_type") ? Field<std::string>(rs, "rope_type", source, "", true)
                                       : Field<std::string>(rs, "type", source, "", true);
-    s.factor = Field<double>(rs, "factor", source, 1.0, true);
-    s.low_freq_factor = Field<double>(rs, "low_freq_factor", source, 1.0, false);
-    s.high_freq_factor = Field<double>(rs, "high_freq_factor", source, 4.0, false);
-    s.original_max_position_embeddings =
-        Field<int64_t>(rs, "original_max_position_embeddings", source, 8192, false);
-    if (s.type != "default") c.rope_scaling = s;
+    if (s.type != "default") {
+      s.factor = Field<double>(rs, "factor", source, 1.0, true);
+      s.low_freq_factor = Field<double>(rs, "low_freq_factor", source, 1.0, false);
+      s.high_freq_factor = Field<double>(rs, "high_freq_factor", source, 4.0, false);
+      s.original_max_position_embeddings =
+          Field<int64_t>(rs, "original_max_position_embeddings", source, 8192, false);
+      c.rope_scaling = s;
+    }
   }
   c.Validate(source);
   return c;
