@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "common/model/checkpoint.h"
+#include "common/model/nf4_weight.h"
 #include "common/base/error.h"
 #include "model_test_util.h"
 
@@ -184,6 +185,88 @@ TEST(Lora, BadConfigIsRefused) {
   lora = LoraConfig{};
   lora.rank = 0;
   EXPECT_THROW(model->AddLora(lora), Error);
+}
+
+TEST(Nf4Weight, DequantizesToTheCodecsValues) {
+  torch::manual_seed(6);
+  const torch::Tensor w = torch::randn({48, 32}) * 0.02;
+  const Nf4Weight nf4 = Nf4Weight::Quantize(w);
+  const quant::Nf4Weights codec = quant::Nf4Weights::Quantize(w.data_ptr<float>(), w.numel());
+  torch::Tensor want = torch::empty({48, 32});
+  codec.Dequantize(want.data_ptr<float>());
+  EXPECT_TRUE(torch::equal(nf4.Dequantize(torch::kFloat), want));
+  EXPECT_TRUE(torch::equal(nf4.Dequantize(torch::kBFloat16), want.to(torch::kBFloat16)));
+  EXPECT_GT((nf4.Dequantize(torch::kFloat) - w).abs().max().item<float>(), 0.0f);  // it is lossy
+}
+
+TEST(Nf4Weight, ProductAndItsGradientAreThoseOfTheDequantizedWeight) {
+  torch::manual_seed(7);
+  const Nf4Weight nf4 = Nf4Weight::Quantize(torch::randn({48, 32}) * 0.02);
+  const torch::Tensor x = torch::randn({3, 5, 32}, torch::requires_grad());
+  const torch::Tensor x_dense = x.detach().clone().requires_grad_(true);
+  const torch::Tensor upstream = torch::randn({3, 5, 48});
+  const torch::Tensor y = nf4.Linear(x);
+  const torch::Tensor y_dense = torch::nn::functional::linear(x_dense, nf4.Dequantize(torch::kFloat));
+  (y * upstream).sum().backward();
+  (y_dense * upstream).sum().backward();
+  EXPECT_TRUE(torch::allclose(y, y_dense, 1e-6, 1e-6));
+  EXPECT_TRUE(torch::allclose(x.grad(), x_dense.grad(), 1e-6, 1e-6));
+}
+
+TEST(Nf4Model, SplitEqualsWholeWithNf4ProjectionsAndAreAboutAnEighthOfFp32) {
+  torch::manual_seed(8);
+  const ModelConfig c = TinyConfig();
+  SplitModels m = MakeSplit(c, 2, testing::TempDir("nf4-split"));
+  int64_t dense_bytes = 0, nf4_bytes = 0;
+  for (auto& layer : m.whole->layers) dense_bytes += layer->mlp->up_proj->BaseWeightBytes();
+  auto [ids, mask] = Batch(c);
+  const torch::Tensor labels = ids.masked_fill(mask == 0, -100);
+  const torch::Tensor dense_logits = m.whole(ids, mask).detach();
+  for (ModelPart* p : {&m.whole, &m.client, &m.server}) (*p)->StoreProjectionsAsNf4();
+  for (auto& layer : m.whole->layers) {
+    EXPECT_TRUE(layer->self_attn->q_proj->is_nf4());
+    EXPECT_EQ(layer->self_attn->q_proj->weight.numel(), 0);  // the dense weight is freed
+    nf4_bytes += layer->mlp->up_proj->BaseWeightBytes();
+  }
+  EXPECT_LT(static_cast<double>(nf4_bytes), 0.14 * static_cast<double>(dense_bytes));
+
+  const torch::Tensor whole_logits = m.whole(ids, mask);
+  EXPECT_FALSE(torch::allclose(whole_logits, dense_logits, 1e-4, 1e-4));  // 4-bit weights change the logits
+  NextTokenLoss(whole_logits, labels).backward();
+  const torch::Tensor cut = m.client(ids, mask);
+  const torch::Tensor received = cut.detach().requires_grad_(true);
+  const torch::Tensor split_logits = m.server(received, mask);
+  NextTokenLoss(split_logits, labels).backward();
+  cut.backward(received.grad());
+  EXPECT_TRUE(torch::allclose(whole_logits, split_logits, 1e-6, 1e-6));
+  std::map<std::string, torch::Tensor> grads;
+  for (auto& [name, t] : m.whole->LoraParameters()) grads[name] = t.grad();
+  for (ModelPart* p : {&m.client, &m.server}) {
+    for (auto& [name, t] : (*p)->LoraParameters()) {
+      ASSERT_TRUE(t.grad().defined()) << name;
+      EXPECT_TRUE(torch::allclose(t.grad(), grads.at(name), 1e-5, 1e-6)) << name;
+    }
+  }
+}
+
+TEST(Nf4Model, CastsMovesAndMergesKeepTheOutputs) {
+  torch::manual_seed(9);
+  const ModelConfig c = TinyConfig();
+  ModelPart model(c, PartSpec::Whole(c));
+  model->AddLora(LoraConfig{});
+  RandomizeLora(model);
+  model->StoreProjectionsAsNf4();
+  auto [ids, mask] = Batch(c);
+  const torch::Tensor fp32 = model(ids, mask).detach();
+  model->to(torch::kBFloat16);
+  EXPECT_LT((model(ids, mask).to(torch::kFloat) - fp32).abs().max().item<float>(), 0.05f);
+  model->to(torch::kFloat);
+  model->to(torch::Device(torch::kCPU));
+  EXPECT_TRUE(model->layers[0]->mlp->down_proj->is_nf4());
+  const torch::Tensor unmerged = model(ids, mask).detach();  // after the bf16 round trip of the rest
+  model->MergeLora();
+  EXPECT_FALSE(model->layers[0]->mlp->down_proj->is_nf4());  // merged: dense again
+  EXPECT_TRUE(torch::allclose(model(ids, mask), unmerged, 1e-4, 1e-5));
 }
 
 }  // namespace

@@ -29,15 +29,15 @@ void LoraConfig::Validate() const {
   }
 }
 
-LoraLinearImpl::LoraLinearImpl(int64_t in_features, int64_t out_features, bool with_bias) {
+LoraLinearImpl::LoraLinearImpl(int64_t in_features, int64_t out_features, bool with_bias)
+    : in_features_(in_features), out_features_(out_features) {
   weight = register_parameter("weight", torch::empty({out_features, in_features}).normal_(0, 0.02));
   if (with_bias) bias = register_parameter("bias", torch::zeros({out_features}));
 }
 
 void LoraLinearImpl::AddAdapter(const LoraConfig& config) {
-  const int64_t out_features = weight.size(0), in_features = weight.size(1);
-  lora_A = register_module("lora_A", torch::nn::Linear(torch::nn::LinearOptions(in_features, config.rank).bias(false)));
-  lora_B = register_module("lora_B", torch::nn::Linear(torch::nn::LinearOptions(config.rank, out_features).bias(false)));
+  lora_A = register_module("lora_A", torch::nn::Linear(torch::nn::LinearOptions(in_features_, config.rank).bias(false)));
+  lora_B = register_module("lora_B", torch::nn::Linear(torch::nn::LinearOptions(config.rank, out_features_).bias(false)));
   torch::NoGradGuard no_grad;
   torch::nn::init::kaiming_uniform_(lora_A->weight, std::sqrt(5.0));
   lora_B->weight.zero_();
@@ -50,7 +50,13 @@ void LoraLinearImpl::AddAdapter(const LoraConfig& config) {
 }
 
 torch::Tensor LoraLinearImpl::forward(const torch::Tensor& x) {
-  torch::Tensor y = torch::nn::functional::linear(x, weight, bias);
+  torch::Tensor y;
+  if (nf4_) {
+    y = nf4_->Linear(x);
+    if (bias.defined()) y = y + bias;
+  } else {
+    y = torch::nn::functional::linear(x, weight, bias);
+  }
   if (has_adapter()) y = y + lora_B(lora_A(dropout(x))) * scaling;
   return y;
 }
@@ -58,6 +64,10 @@ torch::Tensor LoraLinearImpl::forward(const torch::Tensor& x) {
 void LoraLinearImpl::Merge() {
   if (!has_adapter()) return;
   torch::NoGradGuard no_grad;
+  if (nf4_) {
+    weight.set_data(nf4_->Dequantize(weight.scalar_type()));
+    nf4_.reset();
+  }
   weight.add_(torch::matmul(lora_B->weight, lora_A->weight) * scaling);
   unregister_module("lora_A");
   unregister_module("lora_B");
@@ -65,6 +75,30 @@ void LoraLinearImpl::Merge() {
   lora_A = nullptr;
   lora_B = nullptr;
   dropout = nullptr;
+}
+
+void LoraLinearImpl::StoreAsNf4(const quant::Nf4Options& options) {
+  if (nf4_) return;
+  nf4_ = Nf4Weight::Quantize(weight, options);
+  torch::NoGradGuard no_grad;
+  weight.set_requires_grad(false);
+  weight.set_data(torch::empty({0}, weight.options()));
+}
+
+int64_t LoraLinearImpl::BaseWeightBytes() const {
+  return nf4_ ? nf4_->StoredBytes() : weight.numel() * static_cast<int64_t>(weight.element_size());
+}
+
+void LoraLinearImpl::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
+  torch::nn::Module::to(device, dtype, non_blocking);
+  if (nf4_) nf4_->To(device);
+}
+
+void LoraLinearImpl::to(torch::Dtype dtype, bool non_blocking) { torch::nn::Module::to(dtype, non_blocking); }
+
+void LoraLinearImpl::to(torch::Device device, bool non_blocking) {
+  torch::nn::Module::to(device, non_blocking);
+  if (nf4_) nf4_->To(device);
 }
 
 }  // namespace amaq

@@ -226,6 +226,10 @@ void ModelPartImpl::MergeLora() {
   ForEachLinear([](const std::string&, LoraLinear& linear) { linear->Merge(); });
 }
 
+void ModelPartImpl::StoreProjectionsAsNf4(const quant::Nf4Options& options) {
+  ForEachLinear([&](const std::string&, LoraLinear& linear) { linear->StoreAsNf4(options); });
+}
+
 std::vector<torch::Tensor> ModelPartImpl::TrainableParameters() {
   std::vector<torch::Tensor> out;
   for (auto& p : parameters()) {

@@ -103,6 +103,9 @@ class ModelPartImpl : public torch::nn::Module {
   // and the parameter's name, so a whole model and its split parts start identical.
   void AddLora(const LoraConfig& lora, uint64_t seed = 0);
   void MergeLora();
+  // Holds the seven projections' base weights of every layer as NF4 (LoraLinear::StoreAsNf4);
+  // the embedding, norms and head stay as they are. Call after LoadPartWeights.
+  void StoreProjectionsAsNf4(const quant::Nf4Options& options = {});
   // Parameters that require gradients (LoRA only, once AddLora was called).
   std::vector<torch::Tensor> TrainableParameters();
 

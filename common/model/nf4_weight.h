@@ -1,0 +1,46 @@
+// Nf4Weight: a frozen linear weight W [out, in] held as NF4 (quant/nf4.h: 4-bit codes in blocks
+// of 64 with double-quantized 8-bit scales, ~4.13 bits a weight) in tensors on the model's
+// device, and the product x W^T with it. W is rebuilt from the codes inside the product, in x's
+// dtype, and its backward rebuilds it again instead of keeping it, so a layer holds 4-bit weights
+// through forward and backward alike; gradients flow to x only (W is frozen, as under LoRA).
+// The graph of a product refers to its Nf4Weight: the weight must outlive backward.
+#pragma once
+
+#include <torch/torch.h>
+
+#include "quant/nf4.h"
+
+namespace amaq {
+
+class Nf4Weight {
+ public:
+  // Quantizes `weight` ([out, in], any device, any floating dtype, read as fp32); the result
+  // lies on the weight's device. amaq::Error kInvalidArgument when out * in is not a multiple of
+  // the block size or a weight is NaN or infinite.
+  static Nf4Weight Quantize(const torch::Tensor& weight, const quant::Nf4Options& options = {});
+
+  // W as `dtype`, [out, in], on the weight's device: level(code) * its block's scale, exactly
+  // the values of quant::Nf4Weights::Dequantize.
+  torch::Tensor Dequantize(torch::Dtype dtype) const;
+
+  // x [..., in] -> x W^T [..., out] in x's dtype.
+  torch::Tensor Linear(const torch::Tensor& x) const;
+
+  // Moves the stored tensors (their dtypes never change: codes stay 4-bit whatever the model's).
+  void To(const torch::Device& device);
+
+  // Bytes of the stored tensors.
+  int64_t StoredBytes() const;
+  int64_t out_features() const { return out_; }
+  int64_t in_features() const { return in_; }
+
+ private:
+  torch::Tensor codes_;        // uint8 [out * in / 2], element 2i in the low nibble
+  torch::Tensor scale_codes_;  // int8 [blocks]
+  torch::Tensor scale_steps_;  // float [groups of scale_block blocks]
+  torch::Tensor levels_;       // float [16], quant::Nf4Levels()
+  float scale_mean_ = 0;
+  int64_t out_ = 0, in_ = 0, block_ = 0, scale_block_ = 0;
+};
+
+}  // namespace amaq
