@@ -10,6 +10,7 @@
 //               --adapter-out, first a LoRA with random A and B is added, written there as a PEFT
 //               adapter and merged, so that PEFT's logits for that adapter can be compared.
 #include <CLI/CLI.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
@@ -240,6 +241,7 @@ int main(int argc, char** argv) {
   l->add_option("--adapter-out", logits.adapter_out, "add a random LoRA, write it here as a PEFT adapter, merge it");
   l->add_option("--lora-seed", logits.lora_seed, "seed of that LoRA")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  spdlog::set_default_logger(spdlog::stderr_color_mt("amaq-gpu-check"));  // stdout holds the JSON lines
   try {
     if (s->parsed()) return RunSplit(split);
     if (t->parsed()) return RunThroughput(throughput);
