@@ -58,9 +58,11 @@ SplitClient::SplitClient(ClientOptions options, Dataset data, Transport& transpo
   tokenizer_ = Tokenizer::Load(options_.model_dir);
   encoder_ = std::make_unique<ExampleEncoder>(*tokenizer_, config_.bos_token_id, config_.eos_token_id, options_.max_tokens);
   torch::manual_seed(options_.seed);
-  part_ = ModelPart(config_, PartSpec::Client(options_.cut_layer));
+  const BaseWeights base_weights = ParseBaseWeights(options_.base_weights);
+  part_ = ModelPart(config_, PartSpec::Client(options_.cut_layer), base_weights);
   LoadPartWeights(part_, options_.model_dir);
   part_->AddLora(options_.lora, options_.seed);
+  part_->set_recompute_layers(options_.recompute_layers);
   const std::vector<torch::Tensor> trainable = part_->TrainableParameters();
   if (!trainable.empty()) {
     optimizer_ = std::make_unique<torch::optim::AdamW>(trainable, torch::optim::AdamWOptions(options_.lr).weight_decay(0.0));
@@ -76,7 +78,7 @@ SplitClient::SplitClient(ClientOptions options, Dataset data, Transport& transpo
   context.cache_bytes = static_cast<uint64_t>(options_.aqsgd_cache_mb) << 20;
   context.spill_dir = options_.aqsgd_spill_dir;
   codec_ = method_->MakeClientCodec(context);
-  fingerprint_ = ModelFingerprint(options_.model_dir, options_.cut_layer);
+  fingerprint_ = ModelFingerprint(options_.model_dir, options_.cut_layer, base_weights);
   if (!options_.csv_path.empty()) {
     const bool fresh = !std::filesystem::exists(options_.csv_path) || std::filesystem::file_size(options_.csv_path) == 0;
     csv_.open(options_.csv_path, std::ios::app);

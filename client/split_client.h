@@ -39,6 +39,8 @@ struct ClientOptions {
   std::string model_dir = "models/amaq-base";
   int64_t cut_layer = 2;
   std::string method = "amaq:8->2:budget=3:grad=4:token:symmetric";  // docs/study.md
+  std::string base_weights = "fp32";  // fp32 | bf16 | nf4 (common/model/base_weights.h); the server's must match
+  bool recompute_layers = false;      // activation recomputation of the client's layers
   LoraConfig lora;
   double lr = 2e-3;
   double max_grad_norm = 0;      // clip the client LoRA's gradient norm per step (0: no clipping)

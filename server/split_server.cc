@@ -63,9 +63,10 @@ SplitServer::SplitServer(ServerOptions options) : options_(std::move(options)) {
               std::to_string(config_.num_hidden_layers));
   device_ = PickDevice(options_.device);
   device_name_ = device_.is_cuda() ? "cuda:0" : "cpu";
-  fingerprint_ = ModelFingerprint(options_.model_dir, options_.cut_layer);
+  const BaseWeights base_weights = ParseBaseWeights(options_.base_weights);
+  fingerprint_ = ModelFingerprint(options_.model_dir, options_.cut_layer, base_weights);
   torch::manual_seed(options_.seed);
-  part_ = ModelPart(config_, PartSpec::Server(config_, options_.cut_layer));
+  part_ = ModelPart(config_, PartSpec::Server(config_, options_.cut_layer), base_weights);
   LoadPartWeights(part_, options_.model_dir);
   part_->AddLora(options_.lora, options_.seed);
   part_->to(device_);
@@ -84,9 +85,9 @@ SplitServer::SplitServer(ServerOptions options) : options_(std::move(options)) {
     RequireWritableDirectory(options_.checkpoint_dir, "checkpoint_dir");
     if (std::filesystem::exists(CheckpointPath(options_))) LoadCheckpoint();
   }
-  spdlog::info("server part: layers [{}, {}) + head of {} on {}, {} LoRA tensors, fingerprint {}",
-               options_.cut_layer, config_.num_hidden_layers, options_.model_dir, device_name_,
-               lora_params_.size(), fingerprint_);
+  spdlog::info("server part: layers [{}, {}) + head of {} on {}, {} base weights ({:.1f} MB), {} LoRA tensors, "
+               "fingerprint {}", options_.cut_layer, config_.num_hidden_layers, options_.model_dir, device_name_,
+               options_.base_weights, part_->BaseWeightBytes() / 1e6, lora_params_.size(), fingerprint_);
 }
 
 SplitServer::~SplitServer() = default;
@@ -122,7 +123,7 @@ int64_t SplitServer::Join(const std::string& client_id, const std::string& finge
               std::to_string(options_.cut_layer) + ": set the same cut_layer on both sides");
   Require(fingerprint == fingerprint_, ErrorCode::kFailedPrecondition,
           "the client's model (fingerprint " + Excerpt(fingerprint) + ") differs from the server's (" + fingerprint_ +
-              "): give both sides the same base model directory");
+              "): give both sides the same base model directory and the same base_weights");
   Require(method.size() <= 256, ErrorCode::kInvalidArgument,
           "method name of " + std::to_string(method.size()) + " characters: use a method of docs/amaq.md");
   const std::unique_ptr<quant::Method> parsed = quant::Method::Parse(method);
@@ -231,7 +232,7 @@ StepResult SplitServer::Evaluate(Session& s, const StepInput& in, const torch::T
   Activate(s.own ? *s.own : *shared_);
   part_->eval();
   const torch::Tensor mask = StepTensor(in.mask, in, device_);
-  const torch::Tensor logits = part_(activation.to(device_, part_->lm_head.scalar_type()), mask);
+  const torch::Tensor logits = part_(activation.to(device_, part_->compute_dtype()), mask);
   StepResult result;
   result.step_id = in.step_id;
   result.average_bits = s.stats.average_bits;
@@ -253,7 +254,7 @@ StepResult SplitServer::Train(Session& s, const StepInput& in, const torch::Tens
   LoraState& lora = s.own ? *s.own : *shared_;
   Activate(lora);
   part_->train();
-  const torch::Tensor x = activation.to(device_, part_->lm_head.scalar_type()).detach().requires_grad_(true);
+  const torch::Tensor x = activation.to(device_, part_->compute_dtype()).detach().requires_grad_(true);
   const torch::Tensor loss = NextTokenLoss(part_(x, StepTensor(in.mask, in, device_)), StepTensor(in.labels, in, device_));
   StepResult result;
   result.step_id = in.step_id;

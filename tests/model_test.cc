@@ -2,7 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "common/model/checkpoint.h"
+#include "common/model/frozen_weight.h"
 #include "common/model/nf4_weight.h"
 #include "common/base/error.h"
 #include "model_test_util.h"
@@ -30,13 +33,18 @@ struct SplitModels {
 };
 
 // A whole model and its client/server halves with identical base and LoRA weights, through a
-// checkpoint directory in the Hugging Face layout.
-SplitModels MakeSplit(const ModelConfig& c, int64_t cut, const std::string& dir) {
+// checkpoint directory in the Hugging Face layout, all three holding their base as `format`.
+SplitModels MakeSplit(const ModelConfig& c, int64_t cut, const std::string& dir,
+                      BaseWeights format = BaseWeights::kFp32) {
   SplitModels m;
   m.whole = ModelPart(c, PartSpec::Whole(c));
   SaveModel(m.whole, dir);
-  m.client = ModelPart(c, PartSpec::Client(cut));
-  m.server = ModelPart(c, PartSpec::Server(c, cut));
+  if (format != BaseWeights::kFp32) {
+    m.whole = ModelPart(c, PartSpec::Whole(c), format);
+    LoadPartWeights(m.whole, dir);
+  }
+  m.client = ModelPart(c, PartSpec::Client(cut), format);
+  m.server = ModelPart(c, PartSpec::Server(c, cut), format);
   LoadPartWeights(m.client, dir);
   LoadPartWeights(m.server, dir);
   LoraConfig lora;
@@ -194,9 +202,9 @@ TEST(Nf4Weight, DequantizesToTheCodecsValues) {
   const quant::Nf4Weights codec = quant::Nf4Weights::Quantize(w.data_ptr<float>(), w.numel());
   torch::Tensor want = torch::empty({48, 32});
   codec.Dequantize(want.data_ptr<float>());
-  EXPECT_TRUE(torch::equal(nf4.Dequantize(torch::kFloat), want));
-  EXPECT_TRUE(torch::equal(nf4.Dequantize(torch::kBFloat16), want.to(torch::kBFloat16)));
-  EXPECT_GT((nf4.Dequantize(torch::kFloat) - w).abs().max().item<float>(), 0.0f);  // it is lossy
+  EXPECT_TRUE(torch::equal(nf4.Dense(torch::kFloat), want));
+  EXPECT_TRUE(torch::equal(nf4.Dense(torch::kBFloat16), want.to(torch::kBFloat16)));
+  EXPECT_GT((nf4.Dense(torch::kFloat) - w).abs().max().item<float>(), 0.0f);  // it is lossy
 }
 
 TEST(Nf4Weight, ProductAndItsGradientAreThoseOfTheDequantizedWeight) {
@@ -206,32 +214,18 @@ TEST(Nf4Weight, ProductAndItsGradientAreThoseOfTheDequantizedWeight) {
   const torch::Tensor x_dense = x.detach().clone().requires_grad_(true);
   const torch::Tensor upstream = torch::randn({3, 5, 48});
   const torch::Tensor y = nf4.Linear(x);
-  const torch::Tensor y_dense = torch::nn::functional::linear(x_dense, nf4.Dequantize(torch::kFloat));
+  const torch::Tensor y_dense = torch::nn::functional::linear(x_dense, nf4.Dense(torch::kFloat));
   (y * upstream).sum().backward();
   (y_dense * upstream).sum().backward();
   EXPECT_TRUE(torch::allclose(y, y_dense, 1e-6, 1e-6));
   EXPECT_TRUE(torch::allclose(x.grad(), x_dense.grad(), 1e-6, 1e-6));
 }
 
-TEST(Nf4Model, SplitEqualsWholeWithNf4ProjectionsAndAreAboutAnEighthOfFp32) {
-  torch::manual_seed(8);
-  const ModelConfig c = TinyConfig();
-  SplitModels m = MakeSplit(c, 2, testing::TempDir("nf4-split"));
-  int64_t dense_bytes = 0, nf4_bytes = 0;
-  for (auto& layer : m.whole->layers) dense_bytes += layer->mlp->up_proj->BaseWeightBytes();
+// The split-learning step of `m` against the whole model: logits and every LoRA gradient.
+void ExpectSplitEqualsWhole(SplitModels& m, const ModelConfig& c) {
   auto [ids, mask] = Batch(c);
   const torch::Tensor labels = ids.masked_fill(mask == 0, -100);
-  const torch::Tensor dense_logits = m.whole(ids, mask).detach();
-  for (ModelPart* p : {&m.whole, &m.client, &m.server}) (*p)->StoreProjectionsAsNf4();
-  for (auto& layer : m.whole->layers) {
-    EXPECT_TRUE(layer->self_attn->q_proj->is_nf4());
-    EXPECT_EQ(layer->self_attn->q_proj->weight.numel(), 0);  // the dense weight is freed
-    nf4_bytes += layer->mlp->up_proj->BaseWeightBytes();
-  }
-  EXPECT_LT(static_cast<double>(nf4_bytes), 0.14 * static_cast<double>(dense_bytes));
-
   const torch::Tensor whole_logits = m.whole(ids, mask);
-  EXPECT_FALSE(torch::allclose(whole_logits, dense_logits, 1e-4, 1e-4));  // 4-bit weights change the logits
   NextTokenLoss(whole_logits, labels).backward();
   const torch::Tensor cut = m.client(ids, mask);
   const torch::Tensor received = cut.detach().requires_grad_(true);
@@ -249,24 +243,130 @@ TEST(Nf4Model, SplitEqualsWholeWithNf4ProjectionsAndAreAboutAnEighthOfFp32) {
   }
 }
 
-TEST(Nf4Model, CastsMovesAndMergesKeepTheOutputs) {
-  torch::manual_seed(9);
+TEST(CompactBase, LoadingStoresEachCheckpointTensorInThePartsFormat) {
+  torch::manual_seed(8);
+  ModelConfig c = TinyConfig();
+  const std::string dir = testing::TempDir("compact-load");
+  ModelPart dense(c, PartSpec::Whole(c));
+  SaveModel(dense, dir);
+  std::map<std::string, torch::Tensor> saved;
+  for (auto& [name, t] : dense->HfParameters()) saved[name] = t.detach().clone();
+  for (BaseWeights format : {BaseWeights::kBf16, BaseWeights::kNf4}) {
+    ModelPart part(c, PartSpec::Whole(c), format);
+    LoadPartWeights(part, dir);
+    const LoraLinear& q = part->layers[1]->self_attn->q_proj;
+    EXPECT_EQ(q->format(), format);
+    EXPECT_FALSE(q->weight.defined());  // no dense copy is held
+    const torch::Tensor w = saved.at("model.layers.1.self_attn.q_proj.weight");
+    const torch::Tensor want = format == BaseWeights::kNf4 ? Nf4Weight::Quantize(w).Dense(torch::kFloat)
+                                                           : w.to(torch::kBFloat16).to(torch::kFloat);
+    EXPECT_TRUE(torch::equal(q->DenseWeight(torch::kFloat), want)) << ToString(format);
+    // Embedding and head (tied in TinyConfig or not) are bf16 in both compact formats; norms stay.
+    ASSERT_TRUE(part->embed_frozen && part->head_frozen);
+    EXPECT_TRUE(torch::equal(part->embed_frozen->Dense(torch::kFloat),
+                             saved.at("model.embed_tokens.weight").to(torch::kBFloat16).to(torch::kFloat)));
+    EXPECT_TRUE(torch::equal(part->norm->weight, saved.at("model.norm.weight")));
+    // Every base tensor round-trips through HfParameters under its checkpoint name.
+    for (auto& [name, t] : part->HfParameters()) EXPECT_EQ(t.sizes(), saved.at(name).sizes()) << name;
+  }
+}
+
+TEST(CompactBase, SplitEqualsWholeAndTheBytesShrink) {
   const ModelConfig c = TinyConfig();
-  ModelPart model(c, PartSpec::Whole(c));
+  int64_t fp32_bytes = 0;
+  {
+    ModelPart part(c, PartSpec::Client(2));
+    fp32_bytes = part->BaseWeightBytes();
+  }
+  for (BaseWeights format : {BaseWeights::kBf16, BaseWeights::kNf4}) {
+    torch::manual_seed(9);
+    SplitModels m = MakeSplit(c, 2, testing::TempDir("compact-split"), format);
+    ExpectSplitEqualsWhole(m, c);
+    int64_t projections_fp32 = 0, projections = 0;
+    for (auto& layer : m.client->layers) {
+      for (auto& [path, linear] : layer->Projections()) {
+        projections_fp32 += linear->out_features() * linear->in_features() * 4;
+        projections += linear->BaseWeightBytes();
+      }
+    }
+    const double ratio = static_cast<double>(projections) / static_cast<double>(projections_fp32);
+    if (format == BaseWeights::kNf4) {
+      EXPECT_NEAR(ratio, 4.13 / 32, 0.01);
+    } else {
+      EXPECT_DOUBLE_EQ(ratio, 0.5);
+    }
+    EXPECT_LT(m.client->BaseWeightBytes(), fp32_bytes * (format == BaseWeights::kNf4 ? 0.3 : 0.55)) << ToString(format);
+  }
+}
+
+TEST(CompactBase, CastsMovesAndMergesKeepTheOutputs) {
+  torch::manual_seed(10);
+  const ModelConfig c = TinyConfig();
+  ModelPart model(c, PartSpec::Whole(c), BaseWeights::kNf4);
   model->AddLora(LoraConfig{});
   RandomizeLora(model);
-  model->StoreProjectionsAsNf4();
   auto [ids, mask] = Batch(c);
   const torch::Tensor fp32 = model(ids, mask).detach();
   model->to(torch::kBFloat16);
+  EXPECT_EQ(model->compute_dtype(), torch::kBFloat16);
   EXPECT_LT((model(ids, mask).to(torch::kFloat) - fp32).abs().max().item<float>(), 0.05f);
   model->to(torch::kFloat);
   model->to(torch::Device(torch::kCPU));
-  EXPECT_TRUE(model->layers[0]->mlp->down_proj->is_nf4());
+  EXPECT_EQ(model->layers[0]->mlp->down_proj->format(), BaseWeights::kNf4);
   const torch::Tensor unmerged = model(ids, mask).detach();  // after the bf16 round trip of the rest
   model->MergeLora();
-  EXPECT_FALSE(model->layers[0]->mlp->down_proj->is_nf4());  // merged: dense again
+  EXPECT_EQ(model->layers[0]->mlp->down_proj->format(), BaseWeights::kFp32);  // merged: dense again
   EXPECT_TRUE(torch::allclose(model(ids, mask), unmerged, 1e-4, 1e-5));
+}
+
+TEST(CompactBase, BadShapesAndFormatsAreRefused) {
+  const ModelConfig c = TinyConfig();
+  ModelPart part(c, PartSpec::Client(1), BaseWeights::kNf4);
+  EXPECT_THROW(part->layers[0]->self_attn->q_proj->SetBaseWeight(torch::zeros({3, 5})), Error);
+  EXPECT_THROW(ParseBaseWeights("int4"), Error);
+  EXPECT_EQ(ParseBaseWeights(ToString(BaseWeights::kNf4)), BaseWeights::kNf4);
+  EXPECT_THROW(FrozenWeight::Store(torch::zeros({4, 64}), BaseWeights::kFp32), Error);
+  torch::Tensor nan = torch::zeros({4, 64});
+  nan[2][3] = std::nanf("");
+  EXPECT_THROW(FrozenWeight::Store(nan, BaseWeights::kNf4), Error);
+  EXPECT_THROW(FrozenWeight::Store(torch::zeros({3, 7}), BaseWeights::kNf4), Error);  // 21 weights: no 64-blocks
+}
+
+TEST(Recompute, GradientsEqualTheStoredActivationPath) {
+  const ModelConfig c = TinyConfig();
+  for (BaseWeights format : {BaseWeights::kFp32, BaseWeights::kNf4}) {
+    torch::manual_seed(11);
+    const std::string dir = testing::TempDir("recompute");
+    SplitModels stored = MakeSplit(c, 3, dir, format);
+    torch::manual_seed(11);
+    SplitModels recomputed = MakeSplit(c, 3, dir, format);
+    recomputed.client->set_recompute_layers(true);
+    auto [ids, mask] = Batch(c);
+    const torch::Tensor upstream = torch::randn({ids.size(0), ids.size(1), c.hidden_size});
+    const torch::Tensor out_stored = stored.client(ids, mask);
+    const torch::Tensor out_recomputed = recomputed.client(ids, mask);
+    EXPECT_TRUE(torch::equal(out_stored, out_recomputed));
+    out_stored.backward(upstream);
+    out_recomputed.backward(upstream);
+    std::map<std::string, torch::Tensor> grads;
+    for (auto& [name, t] : stored.client->LoraParameters()) grads[name] = t.grad();
+    ASSERT_EQ(grads.size(), 3u * 7 * 2);
+    for (auto& [name, t] : recomputed.client->LoraParameters()) {
+      ASSERT_TRUE(t.grad().defined()) << name;
+      EXPECT_TRUE(torch::allclose(t.grad(), grads.at(name), 1e-6, 1e-7)) << name << " " << ToString(format);
+    }
+    torch::NoGradGuard no_grad;  // evaluation: nothing to recompute, same values
+    EXPECT_TRUE(torch::equal(recomputed.client(ids, mask), out_stored.detach()));
+  }
+}
+
+TEST(Recompute, LoraDropoutIsRefused) {
+  const ModelConfig c = TinyConfig();
+  ModelPart part(c, PartSpec::Client(2));
+  LoraConfig lora;
+  lora.dropout = 0.1;
+  part->AddLora(lora);
+  EXPECT_THROW(part->set_recompute_layers(true), Error);
 }
 
 }  // namespace

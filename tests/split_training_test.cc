@@ -42,6 +42,32 @@ TEST(SplitTraining, Fp32SplitFollowsLocalTrainingExactly) {
   EXPECT_LT(reference.losses.back(), reference.losses.front());
 }
 
+// NF4 bases on both sides (the client recomputing its layers) follow local training on the same
+// NF4 base: each side quantizes the checkpoint alike, and recomputation changes no gradient.
+TEST(SplitTraining, Nf4SplitWithRecomputationFollowsLocalNf4Training) {
+  const std::string dir = testing::TinyModelDir("nf4-equivalence");
+  const Dataset data = testing::ParityDataset(48);
+  FinetuneOptions local = testing::TinyLocalOptions(dir, 15);
+  local.base_weights = BaseWeights::kNf4;
+  const FinetuneResult reference = FinetuneLocal(data, local);
+  const FinetuneResult dense = FinetuneLocal(data, testing::TinyLocalOptions(dir, 15));
+
+  server::ServerOptions server_options = ServerFor(dir);
+  server_options.base_weights = "nf4";
+  server::SplitServer server(server_options);
+  client::LocalTransport transport(server);
+  client::ClientOptions client_options = ClientFor(dir, "fp32", 15);
+  client_options.base_weights = "nf4";
+  client_options.recompute_layers = true;
+  client::SplitClient client(client_options, data, transport);
+  client.Run();
+  ASSERT_GE(client.records().size(), 15u);
+  for (size_t i = 0; i < 15; ++i) {
+    EXPECT_NEAR(client.records()[i].loss, reference.losses[i], 1e-4 * std::fabs(reference.losses[i]) + 1e-5) << "step " << i;
+  }
+  EXPECT_NE(reference.losses[0], dense.losses[0]);  // the 4-bit base is not the dense one
+}
+
 TEST(SplitTraining, AmaqBitsFallAndTheTaskTrains) {
   const std::string dir = testing::TinyModelDir("amaq-split");
   server::SplitServer server(ServerFor(dir));
@@ -485,6 +511,7 @@ TEST_F(ServerGuards, JoinChecksModelCutAndMethod) {
   };
   EXPECT_EQ(code("0123456789abcdef", 2, "fp32"), ErrorCode::kFailedPrecondition);
   EXPECT_EQ(code(fingerprint_, 1, "fp32"), ErrorCode::kFailedPrecondition);
+  EXPECT_EQ(code(ModelFingerprint(dir_, 2, BaseWeights::kNf4), 2, "fp32"), ErrorCode::kFailedPrecondition);
   EXPECT_EQ(code(fingerprint_, 2, "int8"), ErrorCode::kInvalidArgument);
   EXPECT_EQ(code(fingerprint_, 2, "bf16"), ErrorCode::kInternal);  // accepted
   EXPECT_EQ(code(fingerprint_, 2, "fp32"), ErrorCode::kInvalidArgument);  // d trained with bf16

@@ -67,12 +67,13 @@ torch::Tensor CheckpointReader::Load(const std::string& name, const std::vector<
 void LoadPartWeights(ModelPart& part, const std::string& dir) {
   const CheckpointReader reader = CheckpointReader::Open(dir);
   torch::NoGradGuard no_grad;
-  for (auto& [name, param] : part->HfParameters()) {
-    std::string stored = name;
-    if (name == "lm_head.weight" && !reader.Has(name) && part->config().tie_word_embeddings) {
+  for (const BaseTensor& t : part->BaseTensors()) {
+    std::string stored = t.name;
+    if (t.name == "lm_head.weight" && !reader.Has(t.name) && part->config().tie_word_embeddings) {
       stored = "model.embed_tokens.weight";  // tied checkpoints store the embedding only
     }
-    param.copy_(reader.Load(stored, param.sizes().vec(), param.scalar_type()));
+    // One tensor at a time, as fp32: a compact part stores it and drops it before the next.
+    t.set(reader.Load(stored, t.shape, torch::kFloat));
   }
 }
 
@@ -114,9 +115,11 @@ void SavePeftAdapter(const std::vector<ModelPart*>& parts, const LoraConfig& lor
   WriteFileAtomically(Join(dir, "adapter_config.json"), config.dump(2) + "\n");
 }
 
-std::string ModelFingerprint(const std::string& dir, int64_t cut_layer) {
+std::string ModelFingerprint(const std::string& dir, int64_t cut_layer, BaseWeights base_weights) {
   const ModelConfig config = ModelConfig::Load(Join(dir, "config.json"));
   std::string material = config.ToJson().dump() + "\ncut=" + std::to_string(cut_layer) + "\n";
+  // fp32 adds nothing, so that fingerprints from before storage formats existed still match.
+  if (base_weights != BaseWeights::kFp32) material += "base_weights=" + ToString(base_weights) + "\n";
   const std::string index = Join(dir, "model.safetensors.index.json");
   std::vector<std::string> files;
   if (std::filesystem::exists(index)) {

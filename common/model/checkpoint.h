@@ -32,7 +32,8 @@ class CheckpointReader {
   mutable std::map<std::string, std::shared_ptr<SafetensorsFile>> open_;
 };
 
-// Copies the part's base weights from the directory (in the part's parameter dtype).
+// Sets the part's base weights from the directory, one tensor at a time (ModelPart::BaseTensors),
+// so that a compact part's peak memory is its compact size plus one dense tensor.
 void LoadPartWeights(ModelPart& part, const std::string& dir);
 
 // Writes config.json and model.safetensors for a whole model (a part with embedding and head).
@@ -41,10 +42,10 @@ void SaveModel(ModelPart& whole, const std::string& dir, torch::Dtype dtype = to
 // Writes the LoRA weights of `parts` (e.g. a client's and a server's) as one PEFT adapter.
 void SavePeftAdapter(const std::vector<ModelPart*>& parts, const LoraConfig& lora,
                      const std::string& base_model, const std::string& dir);
-// XXH3 (hex) of config.json, the safetensors headers (tensor names, dtypes, shapes, offsets) and
-// the cut layer: client and server compare it to know they hold the same base model split at the
-// same layer. It reads headers only, never the weights.
-std::string ModelFingerprint(const std::string& dir, int64_t cut_layer);
+// XXH3 (hex) of config.json, the safetensors headers (tensor names, dtypes, shapes, offsets), the
+// cut layer and the base-weight format: client and server compare it to know they hold the same
+// base model, held alike, split at the same layer. It reads headers only, never the weights.
+std::string ModelFingerprint(const std::string& dir, int64_t cut_layer, BaseWeights base_weights = BaseWeights::kFp32);
 
 // Reads an adapter written by SavePeftAdapter (or PEFT) into the matching LoRA weights of `part`;
 // tensors of layers the part does not hold are skipped. Returns how many tensors were loaded.

@@ -41,7 +41,7 @@ FinetuneResult FinetuneLocal(const Dataset& dataset, const FinetuneOptions& o) {
   const ModelConfig config = ModelConfig::Load(o.model_dir + "/config.json");
   const auto tokenizer = Tokenizer::Load(o.model_dir);
   torch::manual_seed(o.seed);
-  ModelPart model(config, PartSpec::Whole(config));
+  ModelPart model(config, PartSpec::Whole(config), o.base_weights);
   if (!o.random_init) LoadPartWeights(model, o.model_dir);
   model->AddLora(o.lora, o.seed);
   torch::optim::AdamW optimizer(model->TrainableParameters(), torch::optim::AdamWOptions(o.lr).weight_decay(0.0));

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/text/datasets.h"
+#include "common/model/base_weights.h"
 #include "common/model/lora.h"
 
 namespace amaq {
@@ -19,6 +20,7 @@ namespace amaq {
 struct FinetuneOptions {
   std::string model_dir;
   bool random_init = false;  // same architecture, weights not loaded
+  BaseWeights base_weights = BaseWeights::kFp32;  // how the frozen base is held (base_weights.h)
   LoraConfig lora;
   double lr = 2e-3;
   int64_t steps = 300;

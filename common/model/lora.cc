@@ -29,9 +29,14 @@ void LoraConfig::Validate() const {
   }
 }
 
-LoraLinearImpl::LoraLinearImpl(int64_t in_features, int64_t out_features, bool with_bias)
-    : in_features_(in_features), out_features_(out_features) {
-  weight = register_parameter("weight", torch::empty({out_features, in_features}).normal_(0, 0.02));
+LoraLinearImpl::LoraLinearImpl(int64_t in_features, int64_t out_features, bool with_bias, BaseWeights format)
+    : in_features_(in_features), out_features_(out_features), format_(format) {
+  const torch::Tensor w = torch::empty({out_features, in_features}).normal_(0, 0.02);
+  if (format_ == BaseWeights::kFp32) {
+    weight = register_parameter("weight", w);
+  } else {
+    frozen_ = FrozenWeight::Store(w, format_);
+  }
   if (with_bias) bias = register_parameter("bias", torch::zeros({out_features}));
 }
 
@@ -41,18 +46,19 @@ void LoraLinearImpl::AddAdapter(const LoraConfig& config) {
   torch::NoGradGuard no_grad;
   torch::nn::init::kaiming_uniform_(lora_A->weight, std::sqrt(5.0));
   lora_B->weight.zero_();
-  lora_A->weight.set_data(lora_A->weight.to(weight.dtype()));
-  lora_B->weight.set_data(lora_B->weight.to(weight.dtype()));
+  const torch::Dtype dtype = weight.defined() ? weight.scalar_type() : torch::kFloat;
+  lora_A->weight.set_data(lora_A->weight.to(dtype));
+  lora_B->weight.set_data(lora_B->weight.to(dtype));
   dropout = register_module("lora_dropout", torch::nn::Dropout(config.dropout));
   scaling = config.alpha / static_cast<double>(config.rank);
-  weight.set_requires_grad(false);
+  if (weight.defined()) weight.set_requires_grad(false);
   if (bias.defined()) bias.set_requires_grad(false);
 }
 
 torch::Tensor LoraLinearImpl::forward(const torch::Tensor& x) {
   torch::Tensor y;
-  if (nf4_) {
-    y = nf4_->Linear(x);
+  if (frozen_) {
+    y = frozen_->Linear(x);
     if (bias.defined()) y = y + bias;
   } else {
     y = torch::nn::functional::linear(x, weight, bias);
@@ -64,9 +70,10 @@ torch::Tensor LoraLinearImpl::forward(const torch::Tensor& x) {
 void LoraLinearImpl::Merge() {
   if (!has_adapter()) return;
   torch::NoGradGuard no_grad;
-  if (nf4_) {
-    weight.set_data(nf4_->Dequantize(weight.scalar_type()));
-    nf4_.reset();
+  if (frozen_) {
+    weight = register_parameter("weight", frozen_->Dense(lora_A->weight.scalar_type()), /*requires_grad=*/false);
+    frozen_.reset();
+    format_ = BaseWeights::kFp32;
   }
   weight.add_(torch::matmul(lora_B->weight, lora_A->weight) * scaling);
   unregister_module("lora_A");
@@ -77,28 +84,42 @@ void LoraLinearImpl::Merge() {
   dropout = nullptr;
 }
 
-void LoraLinearImpl::StoreAsNf4(const quant::Nf4Options& options) {
-  if (nf4_) return;
-  nf4_ = Nf4Weight::Quantize(weight, options);
+void LoraLinearImpl::SetBaseWeight(const torch::Tensor& w) {
+  Require(w.dim() == 2 && w.size(0) == out_features_ && w.size(1) == in_features_, ErrorCode::kInvalidArgument,
+          "base weight of shape " + c10::str(w.sizes()) +
+              " for a projection of [" + std::to_string(out_features_) + ", " + std::to_string(in_features_) +
+              "]: the checkpoint and config.json disagree");
   torch::NoGradGuard no_grad;
-  weight.set_requires_grad(false);
-  weight.set_data(torch::empty({0}, weight.options()));
+  if (frozen_) {
+    frozen_ = FrozenWeight::Store(w.to(frozen_device_), format_);
+  } else {
+    weight.copy_(w);
+  }
+}
+
+torch::Tensor LoraLinearImpl::DenseWeight(torch::Dtype dtype) const {
+  return frozen_ ? frozen_->Dense(dtype) : weight.detach().to(dtype);
 }
 
 int64_t LoraLinearImpl::BaseWeightBytes() const {
-  return nf4_ ? nf4_->StoredBytes() : weight.numel() * static_cast<int64_t>(weight.element_size());
+  return frozen_ ? frozen_->StoredBytes() : weight.numel() * static_cast<int64_t>(weight.element_size());
 }
 
 void LoraLinearImpl::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
   torch::nn::Module::to(device, dtype, non_blocking);
-  if (nf4_) nf4_->To(device);
+  MoveFrozen(device);
+}
+
+void LoraLinearImpl::MoveFrozen(const torch::Device& device) {
+  frozen_device_ = device;
+  if (frozen_) frozen_->To(device);
 }
 
 void LoraLinearImpl::to(torch::Dtype dtype, bool non_blocking) { torch::nn::Module::to(dtype, non_blocking); }
 
 void LoraLinearImpl::to(torch::Device device, bool non_blocking) {
   torch::nn::Module::to(device, non_blocking);
-  if (nf4_) nf4_->To(device);
+  MoveFrozen(device);
 }
 
 }  // namespace amaq

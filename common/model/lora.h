@@ -2,17 +2,18 @@
 // the Python ecosystem: y = x W^T + b + dropout(x) A^T B^T * (alpha / r), A [r, in] initialised
 // as PEFT does (Kaiming-uniform, a = sqrt(5)), B [out, r] zero, so a fresh adapter changes
 // nothing. Adding an adapter freezes the base weight and bias; Merge folds B A * scaling into W.
-// StoreAsNf4 replaces W by its NF4 form (common/model/nf4_weight.h): `weight` is then empty and
-// the product uses the 4-bit codes; load a checkpoint's weights before, not after.
+// The base W is held as the BaseWeights format given at construction: fp32 as the parameter
+// `weight`; bf16 or nf4 as a FrozenWeight (common/model/frozen_weight.h), `weight` then undefined.
 #pragma once
 
 #include <torch/torch.h>
 
-#include <optional>
+#include <memory>
 #include <string>
 #include <vector>
 
-#include "common/model/nf4_weight.h"
+#include "common/model/base_weights.h"
+#include "common/model/frozen_weight.h"
 
 namespace amaq {
 
@@ -30,31 +31,41 @@ struct LoraConfig {
 
 class LoraLinearImpl : public torch::nn::Module {
  public:
-  LoraLinearImpl(int64_t in_features, int64_t out_features, bool bias);
+  // W starts random (normal, std 0.02), held as `format` from the start.
+  LoraLinearImpl(int64_t in_features, int64_t out_features, bool bias, BaseWeights format = BaseWeights::kFp32);
 
   torch::Tensor forward(const torch::Tensor& x);
   void AddAdapter(const LoraConfig& config);
-  void Merge();  // W += (B A) * scaling, then drops the adapter (an NF4 W becomes dense again)
+  void Merge();  // W += (B A) * scaling, then drops the adapter (a compact W becomes a dense fp32 one)
   bool has_adapter() const { return !lora_A.is_empty(); }
-  // Quantizes W to NF4 and frees the dense W; it stays frozen.
-  void StoreAsNf4(const quant::Nf4Options& options = {});
-  bool is_nf4() const { return nf4_.has_value(); }
-  // Bytes of the base weight as held: dense W, or its NF4 form.
+  // Replaces W by `w` ([out, in], any floating dtype), stored in this projection's format: a
+  // checkpoint streams into compact forms one tensor at a time. kInvalidArgument on a wrong shape.
+  void SetBaseWeight(const torch::Tensor& w);
+  // W as a dense tensor in `dtype` (a copy for compact forms).
+  torch::Tensor DenseWeight(torch::Dtype dtype) const;
+  BaseWeights format() const { return format_; }
+  int64_t in_features() const { return in_features_; }
+  int64_t out_features() const { return out_features_; }
+  // Bytes of the base weight as held: dense W, or its compact form.
   int64_t BaseWeightBytes() const;
 
-  // Module::to, and the NF4 form follows the device (never the dtype).
+  // Module::to, and a compact form follows the device (never the dtype).
   void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
   void to(torch::Dtype dtype, bool non_blocking = false) override;
   void to(torch::Device device, bool non_blocking = false) override;
 
-  torch::Tensor weight, bias;                       // base; bias undefined when absent
+  torch::Tensor weight, bias;                       // base; weight undefined when compact, bias when absent
   torch::nn::Linear lora_A{nullptr}, lora_B{nullptr};
   torch::nn::Dropout dropout{nullptr};
   double scaling = 0;
 
  private:
   int64_t in_features_, out_features_;
-  std::optional<Nf4Weight> nf4_;
+  void MoveFrozen(const torch::Device& device);
+
+  BaseWeights format_;
+  std::unique_ptr<FrozenWeight> frozen_;  // set unless format_ is fp32
+  torch::Device frozen_device_ = torch::kCPU;
 };
 TORCH_MODULE(LoraLinear);
 

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "common/base/error.h"
+#include "common/model/recompute.h"
 
 namespace amaq {
 namespace {
@@ -50,12 +51,12 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
   return weight * normed.to(x.scalar_type());
 }
 
-AttentionImpl::AttentionImpl(const ModelConfig& c)
+AttentionImpl::AttentionImpl(const ModelConfig& c, BaseWeights format)
     : heads(c.num_attention_heads), kv_heads(c.num_key_value_heads), head_dim(c.head_dim) {
-  q_proj = register_module("q_proj", LoraLinear(c.hidden_size, heads * head_dim, c.attention_bias));
-  k_proj = register_module("k_proj", LoraLinear(c.hidden_size, kv_heads * head_dim, c.attention_bias));
-  v_proj = register_module("v_proj", LoraLinear(c.hidden_size, kv_heads * head_dim, c.attention_bias));
-  o_proj = register_module("o_proj", LoraLinear(heads * head_dim, c.hidden_size, false));
+  q_proj = register_module("q_proj", LoraLinear(c.hidden_size, heads * head_dim, c.attention_bias, format));
+  k_proj = register_module("k_proj", LoraLinear(c.hidden_size, kv_heads * head_dim, c.attention_bias, format));
+  v_proj = register_module("v_proj", LoraLinear(c.hidden_size, kv_heads * head_dim, c.attention_bias, format));
+  o_proj = register_module("o_proj", LoraLinear(heads * head_dim, c.hidden_size, false, format));
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const Rotary& rotary,
@@ -77,19 +78,19 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const Rotary& rotar
   return o_proj(out);
 }
 
-MlpImpl::MlpImpl(const ModelConfig& c) {
-  gate_proj = register_module("gate_proj", LoraLinear(c.hidden_size, c.intermediate_size, false));
-  up_proj = register_module("up_proj", LoraLinear(c.hidden_size, c.intermediate_size, false));
-  down_proj = register_module("down_proj", LoraLinear(c.intermediate_size, c.hidden_size, false));
+MlpImpl::MlpImpl(const ModelConfig& c, BaseWeights format) {
+  gate_proj = register_module("gate_proj", LoraLinear(c.hidden_size, c.intermediate_size, false, format));
+  up_proj = register_module("up_proj", LoraLinear(c.hidden_size, c.intermediate_size, false, format));
+  down_proj = register_module("down_proj", LoraLinear(c.intermediate_size, c.hidden_size, false, format));
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
   return down_proj(torch::silu(gate_proj(x)) * up_proj(x));
 }
 
-DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c) {
-  self_attn = register_module("self_attn", Attention(c));
-  mlp = register_module("mlp", Mlp(c));
+DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c, BaseWeights format) {
+  self_attn = register_module("self_attn", Attention(c, format));
+  mlp = register_module("mlp", Mlp(c, format));
   input_layernorm = register_module("input_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
   post_attention_layernorm = register_module("post_attention_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
 }
@@ -100,26 +101,41 @@ torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const Rotary& ro
   return h + mlp(post_attention_layernorm(h));
 }
 
-ModelPartImpl::ModelPartImpl(const ModelConfig& config, PartSpec spec) : config_(config), spec_(spec) {
+std::vector<std::pair<std::string, LoraLinear>> DecoderLayerImpl::Projections() {
+  return {{"self_attn.q_proj", self_attn->q_proj}, {"self_attn.k_proj", self_attn->k_proj},
+          {"self_attn.v_proj", self_attn->v_proj}, {"self_attn.o_proj", self_attn->o_proj},
+          {"mlp.gate_proj", mlp->gate_proj},       {"mlp.up_proj", mlp->up_proj},
+          {"mlp.down_proj", mlp->down_proj}};
+}
+
+ModelPartImpl::ModelPartImpl(const ModelConfig& config, PartSpec spec, BaseWeights format)
+    : config_(config), spec_(spec), format_(format) {
   Require(spec.first_layer >= 0 && spec.first_layer <= spec.end_layer &&
               spec.end_layer <= config.num_hidden_layers,
           ErrorCode::kInvalidArgument,
           "layer range [" + std::to_string(spec.first_layer) + ", " + std::to_string(spec.end_layer) +
               ") lies outside the model's " + std::to_string(config.num_hidden_layers) +
               " layers: choose a split point in 0.." + std::to_string(config.num_hidden_layers));
-  if (spec.embed) {
+  const bool compact = format != BaseWeights::kFp32;
+  const auto random_table = [&] { return torch::empty({config.vocab_size, config.hidden_size}).normal_(0, 0.02); };
+  if (spec.embed && compact) {
+    embed_frozen = FrozenWeight::Store(random_table(), BaseWeights::kBf16);
+  } else if (spec.embed) {
     embed_tokens = register_module("embed_tokens", torch::nn::Embedding(config.vocab_size, config.hidden_size));
     torch::NoGradGuard no_grad;
     embed_tokens->weight.normal_(0, 0.02);
   }
   for (int64_t i = spec.first_layer; i < spec.end_layer; ++i) {
-    layers.push_back(register_module("layer" + std::to_string(i), DecoderLayer(config)));
+    layers.push_back(register_module("layer" + std::to_string(i), DecoderLayer(config, format)));
   }
   if (spec.head) {
     norm = register_module("norm", RMSNorm(config.hidden_size, config.rms_norm_eps));
-    lm_head = spec.embed && config.tie_word_embeddings
-                  ? embed_tokens->weight
-                  : register_parameter("lm_head", torch::empty({config.vocab_size, config.hidden_size}).normal_(0, 0.02));
+    const bool tied = spec.embed && config.tie_word_embeddings;
+    if (compact) {
+      head_frozen = tied ? embed_frozen : std::shared_ptr<FrozenWeight>(FrozenWeight::Store(random_table(), BaseWeights::kBf16));
+    } else {
+      lm_head = tied ? embed_tokens->weight : register_parameter("lm_head", random_table());
+    }
   }
   inv_freq_ = register_buffer("inv_freq", InverseFrequencies(config));
 }
@@ -143,7 +159,7 @@ torch::Tensor ModelPartImpl::forward(const torch::Tensor& input, const torch::Te
   torch::Tensor x;
   if (spec_.embed) {
     Require(input.dim() == 2, ErrorCode::kInvalidArgument, "a part with the embedding takes token ids [batch, tokens]");
-    x = embed_tokens(input);
+    x = embed_frozen ? embed_frozen->Rows(input, compute_dtype_) : embed_tokens(input);
   } else {
     Require(input.dim() == 3 && input.size(2) == config_.hidden_size, ErrorCode::kInvalidArgument,
             "this part takes hidden states [batch, tokens, " + std::to_string(config_.hidden_size) + "]");
@@ -159,38 +175,61 @@ torch::Tensor ModelPartImpl::forward(const torch::Tensor& input, const torch::Te
     const torch::Tensor mask = torch::zeros({x.size(0), 1, t, t}, x.options().dtype(torch::kFloat))
                                    .masked_fill_(future | ~seen.unsqueeze(1), kMaskedScore);
     const Rotary rotary = RotaryFor(m, same_segment, future, x.scalar_type());
-    for (auto& layer : layers) x = layer(x, rotary, mask);
+    const bool recompute = recompute_layers_ && torch::GradMode::is_enabled();
+    for (auto& layer : layers) x = recompute ? ForwardRecomputed(*layer, x, rotary, mask) : layer(x, rotary, mask);
   }
-  if (spec_.head) x = torch::matmul(norm(x), lm_head.t());
+  if (spec_.head) x = head_frozen ? head_frozen->Linear(norm(x)) : torch::matmul(norm(x), lm_head.t());
   return x;
 }
 
 template <typename Fn>
 void ModelPartImpl::ForEachLinear(Fn fn) {
   for (auto& layer : layers) {
-    fn("q_proj", layer->self_attn->q_proj);
-    fn("k_proj", layer->self_attn->k_proj);
-    fn("v_proj", layer->self_attn->v_proj);
-    fn("o_proj", layer->self_attn->o_proj);
-    fn("gate_proj", layer->mlp->gate_proj);
-    fn("up_proj", layer->mlp->up_proj);
-    fn("down_proj", layer->mlp->down_proj);
+    for (auto& [path, linear] : layer->Projections()) fn(path.substr(path.find('.') + 1), linear);
   }
+}
+
+std::vector<BaseTensor> ModelPartImpl::BaseTensors() {
+  std::vector<BaseTensor> out;
+  const auto dense = [&](const std::string& name, torch::Tensor t) {
+    out.push_back({name, t.sizes().vec(), [t] { return t; }, [t](const torch::Tensor& v) mutable { t.copy_(v); }});
+  };
+  const std::vector<int64_t> table = {config_.vocab_size, config_.hidden_size};
+  const auto frozen = [&](const std::string& name, std::shared_ptr<FrozenWeight>& held, bool also_head) {
+    out.push_back({name, table, [&held] { return held->Dense(torch::kFloat); },
+                   [this, &held, also_head](const torch::Tensor& v) {
+                     held = FrozenWeight::Store(v, BaseWeights::kBf16);
+                     if (also_head) head_frozen = held;
+                   }});
+  };
+  const bool tied_here = spec_.embed && spec_.head && config_.tie_word_embeddings;
+  if (spec_.embed && embed_frozen) frozen("model.embed_tokens.weight", embed_frozen, tied_here);
+  if (spec_.embed && !embed_frozen) dense("model.embed_tokens.weight", embed_tokens->weight);
+  for (size_t j = 0; j < layers.size(); ++j) {
+    const std::string prefix = "model.layers." + std::to_string(spec_.first_layer + static_cast<int64_t>(j)) + ".";
+    for (const auto& p : layers[j]->named_parameters()) {
+      if (p.key().find("lora_") == std::string::npos) dense(prefix + p.key(), p.value());
+    }
+    for (auto& [path, linear] : layers[j]->Projections()) {
+      if (linear->format() == BaseWeights::kFp32) continue;  // listed above as a parameter
+      LoraLinear held = linear;
+      out.push_back({prefix + path + ".weight", {held->out_features(), held->in_features()},
+                     [held] { return held->DenseWeight(torch::kFloat); },
+                     [held](const torch::Tensor& v) mutable { held->SetBaseWeight(v); }});
+    }
+  }
+  if (spec_.head) {
+    dense("model.norm.weight", norm->weight);
+    if (head_frozen && !tied_here) frozen("lm_head.weight", head_frozen, false);
+    if (!head_frozen) dense("lm_head.weight", lm_head);
+  }
+  return out;
 }
 
 NamedTensors ModelPartImpl::HfParameters() {
   NamedTensors out;
-  if (spec_.embed) out.emplace_back("model.embed_tokens.weight", embed_tokens->weight);
-  for (size_t j = 0; j < layers.size(); ++j) {
-    const std::string prefix = "model.layers." + std::to_string(spec_.first_layer + static_cast<int64_t>(j)) + ".";
-    for (const auto& p : layers[j]->named_parameters()) {
-      if (p.key().find("lora_") == std::string::npos) out.emplace_back(prefix + p.key(), p.value());
-    }
-  }
-  if (spec_.head) {
-    out.emplace_back("model.norm.weight", norm->weight);
-    out.emplace_back("lm_head.weight", lm_head);
-  }
+  for (const BaseTensor& t : BaseTensors()) out.emplace_back(t.name, t.get());
+  if (head_frozen && head_frozen == embed_frozen) out.emplace_back("lm_head.weight", head_frozen->Dense(torch::kFloat));
   return out;
 }
 
@@ -226,8 +265,47 @@ void ModelPartImpl::MergeLora() {
   ForEachLinear([](const std::string&, LoraLinear& linear) { linear->Merge(); });
 }
 
-void ModelPartImpl::StoreProjectionsAsNf4(const quant::Nf4Options& options) {
-  ForEachLinear([&](const std::string&, LoraLinear& linear) { linear->StoreAsNf4(options); });
+void ModelPartImpl::set_recompute_layers(bool recompute) {
+  if (recompute) {
+    ForEachLinear([](const std::string& name, LoraLinear& linear) {
+      Require(!linear->has_adapter() || linear->dropout->options.p() == 0, ErrorCode::kInvalidArgument,
+              "recomputed layers cannot use LoRA dropout (" + name + "): set lora_dropout 0 or turn recomputation off");
+    });
+  }
+  recompute_layers_ = recompute;
+}
+
+int64_t ModelPartImpl::BaseWeightBytes() {
+  int64_t bytes = 0;
+  for (const auto& p : named_parameters()) {
+    if (p.key().find("lora_") == std::string::npos) bytes += p.value().numel() * static_cast<int64_t>(p.value().element_size());
+  }
+  ForEachLinear([&](const std::string&, LoraLinear& linear) {
+    if (linear->format() != BaseWeights::kFp32) bytes += linear->BaseWeightBytes();
+  });
+  if (embed_frozen) bytes += embed_frozen->StoredBytes();
+  if (head_frozen && head_frozen != embed_frozen) bytes += head_frozen->StoredBytes();
+  return bytes;
+}
+
+void ModelPartImpl::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
+  torch::nn::Module::to(device, dtype, non_blocking);
+  compute_dtype_ = dtype;
+  for (auto* held : {&embed_frozen, &head_frozen}) {
+    if (*held) (*held)->To(device);
+  }
+}
+
+void ModelPartImpl::to(torch::Dtype dtype, bool non_blocking) {
+  torch::nn::Module::to(dtype, non_blocking);
+  compute_dtype_ = dtype;
+}
+
+void ModelPartImpl::to(torch::Device device, bool non_blocking) {
+  torch::nn::Module::to(device, non_blocking);
+  for (auto* held : {&embed_frozen, &head_frozen}) {
+    if (*held) (*held)->To(device);
+  }
 }
 
 std::vector<torch::Tensor> ModelPartImpl::TrainableParameters() {

@@ -16,10 +16,14 @@
 
 #include <torch/torch.h>
 
+#include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "common/model/base_weights.h"
+#include "common/model/frozen_weight.h"
 #include "common/model/lora.h"
 #include "common/model/model_config.h"
 
@@ -43,7 +47,7 @@ struct Rotary {
 
 class AttentionImpl : public torch::nn::Module {
  public:
-  explicit AttentionImpl(const ModelConfig& config);
+  AttentionImpl(const ModelConfig& config, BaseWeights format);
   torch::Tensor forward(const torch::Tensor& x, const Rotary& rotary, const torch::Tensor& mask);
   LoraLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   int64_t heads, kv_heads, head_dim;
@@ -52,7 +56,7 @@ TORCH_MODULE(Attention);
 
 class MlpImpl : public torch::nn::Module {
  public:
-  explicit MlpImpl(const ModelConfig& config);
+  MlpImpl(const ModelConfig& config, BaseWeights format);
   torch::Tensor forward(const torch::Tensor& x);
   LoraLinear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 };
@@ -60,8 +64,10 @@ TORCH_MODULE(Mlp);
 
 class DecoderLayerImpl : public torch::nn::Module {
  public:
-  explicit DecoderLayerImpl(const ModelConfig& config);
+  DecoderLayerImpl(const ModelConfig& config, BaseWeights format);
   torch::Tensor forward(const torch::Tensor& x, const Rotary& rotary, const torch::Tensor& mask);
+  // The seven projections under their paths within the layer ("self_attn.q_proj", ...).
+  std::vector<std::pair<std::string, LoraLinear>> Projections();
   Attention self_attn{nullptr};
   Mlp mlp{nullptr};
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
@@ -81,10 +87,21 @@ struct PartSpec {
   static PartSpec ClientHead(const ModelConfig& c) { return {c.num_hidden_layers, c.num_hidden_layers, false, true}; }
 };
 
+// One frozen base tensor of a part: its Hugging Face name and shape, its value as a dense
+// tensor (a copy when held compact), and how to replace it (stored in the part's format).
+struct BaseTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::function<torch::Tensor()> get;
+  std::function<void(const torch::Tensor&)> set;
+};
+
 class ModelPartImpl : public torch::nn::Module {
  public:
-  // Throws amaq::Error (kInvalidArgument) when the layer range lies outside the model.
-  ModelPartImpl(const ModelConfig& config, PartSpec spec);
+  // Base weights start random, held as `format` (base_weights.h) from the start, so a compact
+  // part never holds its dense form. Throws amaq::Error (kInvalidArgument) when the layer range
+  // lies outside the model.
+  ModelPartImpl(const ModelConfig& config, PartSpec spec, BaseWeights format = BaseWeights::kFp32);
 
   // input: token ids [B, T] (int64) when the part has the embedding, else hidden states [B, T, H].
   // attention_mask: [B, T], 1 for tokens, 0 for padding, and k >= 2 for the tokens of candidate
@@ -95,7 +112,10 @@ class ModelPartImpl : public torch::nn::Module {
   // hidden states [B, T, H].
   torch::Tensor forward(const torch::Tensor& input, const torch::Tensor& attention_mask);
 
-  // Base weights under their Hugging Face names (tied heads appear as lm_head.weight).
+  // Base tensors under their Hugging Face names; a tied head appears as lm_head.weight when the
+  // part holds it dense (the embedding's tensor), not when compact (it is the embedding's form).
+  std::vector<BaseTensor> BaseTensors();
+  // Base weights under their Hugging Face names as dense tensors (copies where held compact).
   NamedTensors HfParameters();
   // LoRA weights under PEFT's names without the "base_model.model." prefix.
   NamedTensors LoraParameters();
@@ -103,19 +123,33 @@ class ModelPartImpl : public torch::nn::Module {
   // and the parameter's name, so a whole model and its split parts start identical.
   void AddLora(const LoraConfig& lora, uint64_t seed = 0);
   void MergeLora();
-  // Holds the seven projections' base weights of every layer as NF4 (LoraLinear::StoreAsNf4);
-  // the embedding, norms and head stay as they are. Call after LoadPartWeights.
-  void StoreProjectionsAsNf4(const quant::Nf4Options& options = {});
+  // Keeps only each layer's input during forward and recomputes the rest in backward
+  // (activation checkpointing): same gradients, less memory, one more forward of the layers.
+  // kInvalidArgument with LoRA dropout (its random mask would differ the second time).
+  void set_recompute_layers(bool recompute);
   // Parameters that require gradients (LoRA only, once AddLora was called).
   std::vector<torch::Tensor> TrainableParameters();
 
   const ModelConfig& config() const { return config_; }
   const PartSpec& spec() const { return spec_; }
+  BaseWeights base_weights() const { return format_; }
+  // The dtype activations are computed in: fp32 unless the part was cast with to(dtype).
+  torch::Dtype compute_dtype() const { return compute_dtype_; }
+  // Bytes of the base weights as held (dense tensors and compact forms).
+  int64_t BaseWeightBytes();
 
+  // Module::to, and compact forms follow the device (never the dtype).
+  void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Device device, bool non_blocking = false) override;
+
+  // Dense (fp32): embed_tokens and lm_head. Compact: embed_frozen and head_frozen (bf16), one
+  // object when the head is tied to an embedding this part holds.
   torch::nn::Embedding embed_tokens{nullptr};
   std::vector<DecoderLayer> layers;
   RMSNorm norm{nullptr};
   torch::Tensor lm_head;  // [V, H]; the embedding's weight when tied and both are here
+  std::shared_ptr<FrozenWeight> embed_frozen, head_frozen;
 
  private:
   // Rotary angles for mask values m [B, T], given forward's same-segment [B, T, T] and future
@@ -127,6 +161,9 @@ class ModelPartImpl : public torch::nn::Module {
 
   ModelConfig config_;
   PartSpec spec_;
+  BaseWeights format_;
+  torch::Dtype compute_dtype_ = torch::kFloat;
+  bool recompute_layers_ = false;
   torch::Tensor inv_freq_;  // [head_dim / 2]
 };
 TORCH_MODULE(ModelPart);

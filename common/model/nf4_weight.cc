@@ -5,23 +5,6 @@
 namespace amaq {
 namespace {
 
-using torch::autograd::AutogradContext;
-using torch::autograd::tensor_list;
-
-// y = x W^T, W rebuilt from the codes in forward and again in backward; nothing of W is kept.
-class Nf4LinearFunction : public torch::autograd::Function<Nf4LinearFunction> {
- public:
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const Nf4Weight* weight) {
-    ctx->saved_data["weight"] = reinterpret_cast<int64_t>(weight);
-    return torch::matmul(x, weight->Dequantize(x.scalar_type()).t());
-  }
-
-  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
-    const auto* weight = reinterpret_cast<const Nf4Weight*>(ctx->saved_data["weight"].toInt());
-    return {torch::matmul(grads[0], weight->Dequantize(grads[0].scalar_type())), torch::Tensor()};
-  }
-};
-
 template <typename T>
 torch::Tensor CpuTensor(const std::vector<T>& values, torch::Dtype dtype) {
   torch::Tensor t = torch::empty({static_cast<int64_t>(values.size())}, dtype);
@@ -44,25 +27,27 @@ Nf4Weight Nf4Weight::Quantize(const torch::Tensor& weight, const quant::Nf4Optio
   out.scale_codes_ = CpuTensor(q.scale_codes(), torch::kInt8);
   out.scale_steps_ = CpuTensor(q.scale_steps(), torch::kFloat);
   const auto& levels = quant::Nf4Levels();
-  out.levels_ = CpuTensor(std::vector<float>(levels.begin(), levels.end()), torch::kFloat);
+  std::vector<float> pairs;
+  for (int code = 0; code < 256; ++code) {
+    pairs.push_back(levels[code & 15]);
+    pairs.push_back(levels[code >> 4]);
+  }
+  out.pair_levels_ = CpuTensor(pairs, torch::kFloat).view({256, 2});
   out.To(weight.device());
   return out;
 }
 
-torch::Tensor Nf4Weight::Dequantize(torch::Dtype dtype) const {
+torch::Tensor Nf4Weight::Dense(torch::Dtype dtype) const {
   const int64_t blocks = scale_codes_.numel();
   const torch::Tensor steps = scale_steps_.repeat_interleave(scale_block_).slice(0, 0, blocks);
   const torch::Tensor scales = (scale_codes_.to(torch::kFloat) * steps + scale_mean_).clamp_min(0);
-  const torch::Tensor index =
-      torch::stack({codes_.bitwise_and(15), codes_.bitwise_right_shift(4)}, 1).flatten().to(torch::kLong);
-  const torch::Tensor values = levels_.index_select(0, index).view({blocks, block_});
-  return (values * scales.unsqueeze(1)).view({out_, in_}).to(dtype);
+  torch::Tensor values = pair_levels_.index_select(0, codes_.to(torch::kInt)).view({blocks, block_});
+  values.mul_(scales.unsqueeze(1));
+  return values.view({out_, in_}).to(dtype);
 }
 
-torch::Tensor Nf4Weight::Linear(const torch::Tensor& x) const { return Nf4LinearFunction::apply(x, this); }
-
 void Nf4Weight::To(const torch::Device& device) {
-  for (torch::Tensor* t : {&codes_, &scale_codes_, &scale_steps_, &levels_}) *t = t->to(device);
+  for (torch::Tensor* t : {&codes_, &scale_codes_, &scale_steps_, &pair_levels_}) *t = t->to(device);
 }
 
 int64_t Nf4Weight::StoredBytes() const {

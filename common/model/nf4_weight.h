@@ -1,18 +1,18 @@
 // Nf4Weight: a frozen linear weight W [out, in] held as NF4 (quant/nf4.h: 4-bit codes in blocks
 // of 64 with double-quantized 8-bit scales, ~4.13 bits a weight) in tensors on the model's
-// device, and the product x W^T with it. W is rebuilt from the codes inside the product, in x's
-// dtype, and its backward rebuilds it again instead of keeping it, so a layer holds 4-bit weights
-// through forward and backward alike; gradients flow to x only (W is frozen, as under LoRA).
-// The graph of a product refers to its Nf4Weight: the weight must outlive backward.
+// device. Dense rebuilds W from the codes (FrozenWeight: inside each product, forward and
+// backward alike), through a 256-entry table of code pairs so that the rebuild's temporaries stay
+// near the size of W in the compute dtype.
 #pragma once
 
 #include <torch/torch.h>
 
+#include "common/model/frozen_weight.h"
 #include "quant/nf4.h"
 
 namespace amaq {
 
-class Nf4Weight {
+class Nf4Weight : public FrozenWeight {
  public:
   // Quantizes `weight` ([out, in], any device, any floating dtype, read as fp32); the result
   // lies on the weight's device. amaq::Error kInvalidArgument when out * in is not a multiple of
@@ -21,16 +21,13 @@ class Nf4Weight {
 
   // W as `dtype`, [out, in], on the weight's device: level(code) * its block's scale, exactly
   // the values of quant::Nf4Weights::Dequantize.
-  torch::Tensor Dequantize(torch::Dtype dtype) const;
-
-  // x [..., in] -> x W^T [..., out] in x's dtype.
-  torch::Tensor Linear(const torch::Tensor& x) const;
+  torch::Tensor Dense(torch::Dtype dtype) const override;
 
   // Moves the stored tensors (their dtypes never change: codes stay 4-bit whatever the model's).
-  void To(const torch::Device& device);
+  void To(const torch::Device& device) override;
 
-  // Bytes of the stored tensors.
-  int64_t StoredBytes() const;
+  // Bytes of the stored tensors (the shared code table apart).
+  int64_t StoredBytes() const override;
   int64_t out_features() const { return out_; }
   int64_t in_features() const { return in_; }
 
@@ -38,7 +35,7 @@ class Nf4Weight {
   torch::Tensor codes_;        // uint8 [out * in / 2], element 2i in the low nibble
   torch::Tensor scale_codes_;  // int8 [blocks]
   torch::Tensor scale_steps_;  // float [groups of scale_block blocks]
-  torch::Tensor levels_;       // float [16], quant::Nf4Levels()
+  torch::Tensor pair_levels_;  // float [256, 2]: the levels of a code byte's low and high nibble
   float scale_mean_ = 0;
   int64_t out_ = 0, in_ = 0, block_ = 0, scale_block_ = 0;
 };

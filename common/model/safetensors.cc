@@ -147,7 +147,15 @@ torch::Tensor SafetensorsFile::Load(const std::string& name, torch::Dtype dtype,
   }
   const torch::Tensor view = torch::from_blob(const_cast<uint8_t*>(data_ + e.begin), e.shape,
                                               torch::TensorOptions().dtype(TorchDtype(e.dtype)));
-  return view.to(dtype, /*non_blocking=*/false, /*copy=*/true);
+  torch::Tensor copy = view.to(dtype, /*non_blocking=*/false, /*copy=*/true);
+  // The copy is independent of the mapping: give the file's pages back, so that loading a
+  // checkpoint tensor by tensor never holds more than one tensor's pages (they are re-read from
+  // the file, or the page cache, if the tensor is loaded again).
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto first = reinterpret_cast<uintptr_t>(data_ + e.begin) / page * page;
+  const auto last = reinterpret_cast<uintptr_t>(data_ + e.end);
+  if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+  return copy;
 }
 
 void WriteSafetensors(const std::string& path,

@@ -1,0 +1,52 @@
+// FrozenWeight: a frozen base weight W [out, in] held in a compact form (bf16, or NF4 in
+// common/model/nf4_weight.h) on the model's device, and the products that use it. W is rebuilt
+// in the compute dtype inside each product, and the backward rebuilds it again instead of keeping
+// it, so a part holds compact weights through forward and backward alike; gradients flow to the
+// input only (W is frozen, as under LoRA). The graph of a product refers to its FrozenWeight: the
+// weight must outlive backward (a LoraLinear or ModelPart owns it).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+
+#include "common/model/base_weights.h"
+
+namespace amaq {
+
+class FrozenWeight {
+ public:
+  virtual ~FrozenWeight() = default;
+
+  // Stores `weight` ([out, in], any device, any floating dtype) as `format` (bf16 or nf4) on the
+  // weight's device. amaq::Error kInvalidArgument for fp32 (dense weights are plain tensors) and
+  // for what the format refuses (NF4: sizes that are not a multiple of its block, NaN weights).
+  static std::unique_ptr<FrozenWeight> Store(const torch::Tensor& weight, BaseWeights format);
+
+  // W as `dtype`, [out, in], on the weight's device.
+  virtual torch::Tensor Dense(torch::Dtype dtype) const = 0;
+  // Rows `ids` of W (an embedding lookup): [ids..., in] as `dtype`.
+  virtual torch::Tensor Rows(const torch::Tensor& ids, torch::Dtype dtype) const;
+  // Moves the stored tensors; their dtypes never change.
+  virtual void To(const torch::Device& device) = 0;
+  // Bytes of the stored tensors.
+  virtual int64_t StoredBytes() const = 0;
+
+  // x [..., in] -> x W^T [..., out] in x's dtype.
+  torch::Tensor Linear(const torch::Tensor& x) const;
+};
+
+// W held as bfloat16: half of fp32's bytes; rows and products cast to the compute dtype.
+class Bf16Weight : public FrozenWeight {
+ public:
+  explicit Bf16Weight(const torch::Tensor& weight);
+  torch::Tensor Dense(torch::Dtype dtype) const override;
+  torch::Tensor Rows(const torch::Tensor& ids, torch::Dtype dtype) const override;
+  void To(const torch::Device& device) override;
+  int64_t StoredBytes() const override;
+
+ private:
+  torch::Tensor stored_;  // bf16 [out, in]
+};
+
+}  // namespace amaq
