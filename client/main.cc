@@ -11,6 +11,7 @@
 #include "client/split_client.h"
 #include "common/base/config.h"
 #include "common/base/error.h"
+#include "common/base/memory.h"
 #include "common/base/program.h"
 #include "common/model/threads.h"
 
@@ -23,6 +24,7 @@ int Run(const Config& c) {
   client::GrpcTransport transport(client::GrpcOptionsFrom(c));
 
   const client::ClientOptions o = client::ClientOptionsFrom(c);
+  if (o.base_weights != "fp32" || o.recompute_layers) ReturnLargeFreesToTheSystem();  // asked to save memory
   client::SplitClient split(o, client::LoadTask(c), transport);
   const double metric = split.Run();
   std::printf("client %s  method %s  steps %lld  metric %.4f  up %.3f MB  down %.3f MB  average bits %.2f\n",

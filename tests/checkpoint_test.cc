@@ -83,6 +83,22 @@ TEST(Checkpoint, Bf16AndF16CheckpointsLoad) {
   }
 }
 
+// Tensors larger than one load slice (16 MiB of file) are copied slice by slice, each slice's
+// pages released; the values are those of the file, in any dtype, and a second load reads the
+// released pages again.
+TEST(Checkpoint, LargeTensorsLoadSliceBySliceExactly) {
+  torch::manual_seed(2);
+  const std::string dir = testing::TempDir("large-tensor");
+  const torch::Tensor big = torch::randn({4099, 1500});  // 24.6 MB: two slices and a partial one
+  const torch::Tensor scalar = torch::tensor(3.5f).reshape({});
+  WriteSafetensors(dir + "/t.safetensors", {{"big", big}, {"scalar", scalar}});
+  const SafetensorsFile file = SafetensorsFile::Open(dir + "/t.safetensors");
+  EXPECT_TRUE(torch::equal(file.Load("big"), big));
+  EXPECT_TRUE(torch::equal(file.Load("big", torch::kBFloat16), big.to(torch::kBFloat16)));
+  EXPECT_TRUE(torch::equal(file.Load("big"), big));
+  EXPECT_EQ(file.Load("scalar").item<float>(), 3.5f);
+}
+
 // Shards as transformers writes them: layers 0-1 with the embedding in one file, the rest in another.
 std::string WriteSharded(ModelPart& whole, const std::string& name) {
   const std::string dir = testing::TempDir(name);

@@ -72,8 +72,8 @@ void LoadPartWeights(ModelPart& part, const std::string& dir) {
     if (t.name == "lm_head.weight" && !reader.Has(t.name) && part->config().tie_word_embeddings) {
       stored = "model.embed_tokens.weight";  // tied checkpoints store the embedding only
     }
-    // One tensor at a time, as fp32: a compact part stores it and drops it before the next.
-    t.set(reader.Load(stored, t.shape, torch::kFloat));
+    // One tensor at a time: a compact part stores it and drops it before the next.
+    t.set(reader.Load(stored, t.shape, t.read_as));
   }
 }
 

@@ -41,7 +41,7 @@ torch::Tensor FrozenWeight::Rows(const torch::Tensor& ids, torch::Dtype dtype) c
 torch::Tensor FrozenWeight::Linear(const torch::Tensor& x) const { return FrozenLinearFunction::apply(x, this); }
 
 Bf16Weight::Bf16Weight(const torch::Tensor& weight)
-    : stored_(weight.detach().to(torch::kBFloat16, /*non_blocking=*/false, /*copy=*/true).contiguous()) {}
+    : stored_(weight.detach().to(torch::kBFloat16).contiguous()) {}
 
 torch::Tensor Bf16Weight::Dense(torch::Dtype dtype) const { return stored_.to(dtype); }
 

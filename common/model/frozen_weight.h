@@ -36,7 +36,8 @@ class FrozenWeight {
   torch::Tensor Linear(const torch::Tensor& x) const;
 };
 
-// W held as bfloat16: half of fp32's bytes; rows and products cast to the compute dtype.
+// W held as bfloat16: half of fp32's bytes; rows and products cast to the compute dtype. A
+// contiguous bf16 `weight` is held as it is (shared, not copied): give it a tensor nobody changes.
 class Bf16Weight : public FrozenWeight {
  public:
   explicit Bf16Weight(const torch::Tensor& weight);

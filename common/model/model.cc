@@ -3,6 +3,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "common/base/error.h"
@@ -37,6 +38,19 @@ torch::Tensor InverseFrequencies(const ModelConfig& c) {
   torch::Tensor scaled = torch::where(wavelen > low_wavelen, inv / s.factor, inv);
   scaled = torch::where((wavelen >= high_wavelen) & (wavelen <= low_wavelen), smoothed, scaled);
   return scaled.to(torch::kFloat);
+}
+
+// A [rows, cols] table drawn from N(0, 0.02) as `dtype`, in slices of rows, so that no fp32 copy
+// of a whole bf16 table (the embedding: 32000 x 2048 at TinyLlama's shapes) is ever held.
+torch::Tensor RandomTable(int64_t rows, int64_t cols, torch::Dtype dtype) {
+  if (dtype == torch::kFloat) return torch::empty({rows, cols}).normal_(0, 0.02);
+  torch::Tensor table = torch::empty({rows, cols}, dtype);
+  constexpr int64_t kSliceRows = 1024;
+  for (int64_t r = 0; r < rows; r += kSliceRows) {
+    const int64_t n = std::min(kSliceRows, rows - r);
+    table.narrow(0, r, n).copy_(torch::empty({n, cols}).normal_(0, 0.02));
+  }
+  return table;
 }
 
 }  // namespace
@@ -117,9 +131,9 @@ ModelPartImpl::ModelPartImpl(const ModelConfig& config, PartSpec spec, BaseWeigh
               ") lies outside the model's " + std::to_string(config.num_hidden_layers) +
               " layers: choose a split point in 0.." + std::to_string(config.num_hidden_layers));
   const bool compact = format != BaseWeights::kFp32;
-  const auto random_table = [&] { return torch::empty({config.vocab_size, config.hidden_size}).normal_(0, 0.02); };
+  const auto random_table = [&](torch::Dtype dtype) { return RandomTable(config.vocab_size, config.hidden_size, dtype); };
   if (spec.embed && compact) {
-    embed_frozen = FrozenWeight::Store(random_table(), BaseWeights::kBf16);
+    embed_frozen = FrozenWeight::Store(random_table(torch::kBFloat16), BaseWeights::kBf16);
   } else if (spec.embed) {
     embed_tokens = register_module("embed_tokens", torch::nn::Embedding(config.vocab_size, config.hidden_size));
     torch::NoGradGuard no_grad;
@@ -132,9 +146,10 @@ ModelPartImpl::ModelPartImpl(const ModelConfig& config, PartSpec spec, BaseWeigh
     norm = register_module("norm", RMSNorm(config.hidden_size, config.rms_norm_eps));
     const bool tied = spec.embed && config.tie_word_embeddings;
     if (compact) {
-      head_frozen = tied ? embed_frozen : std::shared_ptr<FrozenWeight>(FrozenWeight::Store(random_table(), BaseWeights::kBf16));
+      head_frozen = tied ? embed_frozen
+                         : std::shared_ptr<FrozenWeight>(FrozenWeight::Store(random_table(torch::kBFloat16), BaseWeights::kBf16));
     } else {
-      lm_head = tied ? embed_tokens->weight : register_parameter("lm_head", random_table());
+      lm_head = tied ? embed_tokens->weight : register_parameter("lm_head", random_table(torch::kFloat));
     }
   }
   inv_freq_ = register_buffer("inv_freq", InverseFrequencies(config));
@@ -192,11 +207,12 @@ void ModelPartImpl::ForEachLinear(Fn fn) {
 std::vector<BaseTensor> ModelPartImpl::BaseTensors() {
   std::vector<BaseTensor> out;
   const auto dense = [&](const std::string& name, torch::Tensor t) {
-    out.push_back({name, t.sizes().vec(), [t] { return t; }, [t](const torch::Tensor& v) mutable { t.copy_(v); }});
+    out.push_back({name, t.sizes().vec(), t.scalar_type(), [t] { return t; },
+                   [t](const torch::Tensor& v) mutable { t.copy_(v); }});
   };
   const std::vector<int64_t> table = {config_.vocab_size, config_.hidden_size};
   const auto frozen = [&](const std::string& name, std::shared_ptr<FrozenWeight>& held, bool also_head) {
-    out.push_back({name, table, [&held] { return held->Dense(torch::kFloat); },
+    out.push_back({name, table, torch::kBFloat16, [&held] { return held->Dense(torch::kFloat); },
                    [this, &held, also_head](const torch::Tensor& v) {
                      held = FrozenWeight::Store(v, BaseWeights::kBf16);
                      if (also_head) head_frozen = held;
@@ -213,7 +229,8 @@ std::vector<BaseTensor> ModelPartImpl::BaseTensors() {
     for (auto& [path, linear] : layers[j]->Projections()) {
       if (linear->format() == BaseWeights::kFp32) continue;  // listed above as a parameter
       LoraLinear held = linear;
-      out.push_back({prefix + path + ".weight", {held->out_features(), held->in_features()},
+      const torch::Dtype read_as = linear->format() == BaseWeights::kBf16 ? torch::kBFloat16 : torch::kFloat;
+      out.push_back({prefix + path + ".weight", {held->out_features(), held->in_features()}, read_as,
                      [held] { return held->DenseWeight(torch::kFloat); },
                      [held](const torch::Tensor& v) mutable { held->SetBaseWeight(v); }});
     }

@@ -87,11 +87,13 @@ struct PartSpec {
   static PartSpec ClientHead(const ModelConfig& c) { return {c.num_hidden_layers, c.num_hidden_layers, false, true}; }
 };
 
-// One frozen base tensor of a part: its Hugging Face name and shape, its value as a dense
-// tensor (a copy when held compact), and how to replace it (stored in the part's format).
+// One frozen base tensor of a part: its Hugging Face name and shape, the dtype to read it in (the
+// held one, or fp32 for what NF4 quantizes), its value as a dense tensor (a copy when held
+// compact), and how to replace it (stored in the part's format). Valid while the part lives.
 struct BaseTensor {
   std::string name;
   std::vector<int64_t> shape;
+  torch::Dtype read_as;
   std::function<torch::Tensor()> get;
   std::function<void(const torch::Tensor&)> set;
 };

@@ -7,8 +7,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "common/base/atomic_file.h"
 #include "common/base/error.h"
@@ -16,6 +18,7 @@
 namespace amaq {
 namespace {
 
+constexpr uint64_t kLoadSliceBytes = 16 << 20;  // file bytes copied between page releases
 constexpr uint64_t kMaxHeaderBytes = 100 << 20;
 
 size_t DtypeBytes(const std::string& dtype) { return dtype == "F32" ? 4 : 2; }
@@ -145,17 +148,28 @@ torch::Tensor SafetensorsFile::Load(const std::string& name, torch::Dtype dtype,
             path_ + ": tensor '" + name + "' has shape " + ShapeText(e.shape) + " but the model config needs " +
                 ShapeText(*expected_shape) + ": the checkpoint and config.json disagree");
   }
-  const torch::Tensor view = torch::from_blob(const_cast<uint8_t*>(data_ + e.begin), e.shape,
-                                              torch::TensorOptions().dtype(TorchDtype(e.dtype)));
-  torch::Tensor copy = view.to(dtype, /*non_blocking=*/false, /*copy=*/true);
-  // The copy is independent of the mapping: give the file's pages back, so that loading a
-  // checkpoint tensor by tensor never holds more than one tensor's pages (they are re-read from
-  // the file, or the page cache, if the tensor is loaded again).
+  const auto source = torch::TensorOptions().dtype(TorchDtype(e.dtype));
+  torch::Tensor out = torch::empty(e.shape, dtype);
+  if (out.numel() == 0) return out;
+  // Copied in slices of rows, each slice's file pages given back once copied: loading never holds
+  // more than a slice of the file's pages besides the result (the pages are re-read from the
+  // file, or the page cache, if the tensor is loaded again).
+  const int64_t rows = e.shape.empty() ? 1 : e.shape[0];
+  const uint64_t row_bytes = (e.end - e.begin) / static_cast<uint64_t>(rows);
+  const int64_t slice_rows = std::max<int64_t>(1, static_cast<int64_t>(kLoadSliceBytes / std::max<uint64_t>(row_bytes, 1)));
   const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  const auto first = reinterpret_cast<uintptr_t>(data_ + e.begin) / page * page;
-  const auto last = reinterpret_cast<uintptr_t>(data_ + e.end);
-  if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
-  return copy;
+  for (int64_t r = 0; r < rows; r += slice_rows) {
+    const int64_t n = std::min(slice_rows, rows - r);
+    const uint8_t* begin = data_ + e.begin + static_cast<uint64_t>(r) * row_bytes;
+    std::vector<int64_t> shape = e.shape.empty() ? std::vector<int64_t>{} : e.shape;
+    if (!shape.empty()) shape[0] = n;
+    const torch::Tensor slice = torch::from_blob(const_cast<uint8_t*>(begin), shape, source);
+    (e.shape.empty() ? out : out.narrow(0, r, n)).copy_(slice);
+    const auto first = reinterpret_cast<uintptr_t>(begin) / page * page;
+    const auto last = reinterpret_cast<uintptr_t>(begin + static_cast<uint64_t>(n) * row_bytes);
+    madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+  }
+  return out;
 }
 
 void WriteSafetensors(const std::string& path,
