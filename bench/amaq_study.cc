@@ -94,6 +94,7 @@ int Run(const Config& c) {
   s.model_dir = o.model_dir;
   s.cut_layer = o.cut_layer;
   s.device = "cpu";
+  s.base_weights = o.base_weights;
   s.lora = o.lora;
   s.lr = o.lr;
   s.max_grad_norm = o.max_grad_norm;
@@ -122,6 +123,7 @@ int Run(const Config& c) {
   j["task"] = c.String("task");
   j["method"] = method->ToString();
   j["seed"] = o.seed;
+  j["base_weights"] = o.base_weights;
   j["steps"] = steps;
   j["batch"] = o.batch;
   j["eval_split"] = c.String("eval_split");
