@@ -7,7 +7,8 @@
 // then the client part [0, CUT) is built and loaded, and STEPS LoRA steps run (forward, backward
 // of a random gradient at the cut, AdamW); the peak is the process's high-water RSS (VmHWM).
 // Children return large frees to the system as amaq-client does when asked to save memory
-// (common/base/memory.h). Only the parent forks, and it never runs LibTorch itself.
+// (common/base/memory.h: any base_weights but fp32, or recomputation); plain fp32 runs both ways.
+// Only the parent forks, and it never runs LibTorch itself.
 //   bench_memory [CUT] [BATCH] [TOKENS] [STEPS]     (defaults: 4 1 256 3)
 #include <sys/wait.h>
 #include <torch/torch.h>
@@ -87,8 +88,8 @@ struct Setup {
   int64_t cut, batch, tokens, steps;
 };
 
-std::string Measure(const std::string& dir, const Setup& s, BaseWeights format, bool recompute) {
-  ReturnLargeFreesToTheSystem();
+std::string Measure(const std::string& dir, const Setup& s, BaseWeights format, bool recompute, bool return_frees) {
+  if (return_frees) ReturnLargeFreesToTheSystem();
   SetComputeThreads(2);
   (torch::ones({64, 64}).matmul(torch::ones({64, 64}))).sum().item<float>();  // load and start LibTorch
   const double fixed = StatusMiB("VmRSS");
@@ -115,8 +116,9 @@ std::string Measure(const std::string& dir, const Setup& s, BaseWeights format, 
   for (const auto& p : part->TrainableParameters()) lora_bytes += p.numel() * static_cast<int64_t>(p.element_size());
   const double peak = StatusMiB("VmHWM");
   char line[512];
-  std::snprintf(line, sizeof line, "| %s%s | %.0f | %.1f | %.0f | %.0f | %.0f | %.0f |\n", ToString(format).c_str(),
-                recompute ? " + recompute" : "", static_cast<double>(part->BaseWeightBytes()) / (1 << 20),
+  std::snprintf(line, sizeof line, "| %s%s%s | %.0f | %.1f | %.0f | %.0f | %.0f | %.0f |\n", ToString(format).c_str(),
+                recompute ? " + recompute" : "", format == BaseWeights::kFp32 && !recompute && return_frees ? ", frees returned" : "",
+                static_cast<double>(part->BaseWeightBytes()) / (1 << 20),
                 static_cast<double>(lora_bytes) / (1 << 20), fixed, loaded - fixed, peak - fixed,
                 static_cast<double>((s.steps - 1) * s.batch * s.tokens) / seconds);
   return line;
@@ -151,10 +153,15 @@ int main(int argc, char** argv) {
   std::printf("| base weights | base bytes | LoRA bytes | libraries (RSS before) | after loading | peak | tokens/s |\n"
               "|---|---|---|---|---|---|---|\n");
   int failures = 0;
-  for (const auto& [format, recompute] : {std::pair{BaseWeights::kFp32, false}, std::pair{BaseWeights::kFp32, true},
-                                          std::pair{BaseWeights::kBf16, false}, std::pair{BaseWeights::kNf4, false},
-                                          std::pair{BaseWeights::kNf4, true}}) {
-    const std::string row = InChild([&, format = format, recompute = recompute] { return Measure(dir, s, format, recompute); });
+  struct Row {
+    BaseWeights format;
+    bool recompute, return_frees;
+  };
+  for (const Row& r : {Row{BaseWeights::kFp32, false, false}, Row{BaseWeights::kFp32, false, true},
+                       Row{BaseWeights::kFp32, true, true}, Row{BaseWeights::kBf16, false, true},
+                       Row{BaseWeights::kNf4, false, true}, Row{BaseWeights::kNf4, true, true}}) {
+    const BaseWeights format = r.format;
+    const std::string row = InChild([&] { return Measure(dir, s, r.format, r.recompute, r.return_frees); });
     if (row.empty()) ++failures;
     std::printf("%s", row.empty() ? ("| " + ToString(format) + " | failed (see above) |\n").c_str() : row.c_str());
     std::fflush(stdout);
