@@ -15,16 +15,18 @@ TEST(Method, ParsesEveryFormToItsCanonicalName) {
   const std::pair<const char*, const char*> forms[] = {
       {"fp32", "fp32"}, {"none", "fp32"}, {"bf16", "bf16"}, {"fixed:3", "fixed:3:channel"},
       {"fixed:4:group", "fixed:4:group:128"}, {"amaq", "amaq:8->3"}, {"amaq:6->4", "amaq:6->4"},
-      {"amaq:budget=3.50", "amaq:budget=3.5"}, {"aqsgd:4:grad=6", "aqsgd:4:grad=6"},
+      {"amaq:budget=3.50", "amaq:budget=3.5"}, {"amaq:8->3:budget=3", "amaq:budget=3"}, {"aqsgd:4:grad=6", "aqsgd:4:grad=6"},
       {"fixed:3:grad=4:symmetric:token", "fixed:3:channel:grad=4:token:symmetric"}};
   for (const auto& [text, canonical] : forms) EXPECT_EQ(Method::Parse(text)->ToString(), canonical) << text;
   for (const char* text : {"bf16", "fixed:4:channel", "fixed:3:group:128", "fixed:2:tensor", "fixed:4:token", "amaq:8->3",
-                           "amaq:budget=3.5", "aqsgd:4", "amaq:budget=3:uniform", "amaq:budget=4:grad=8",
+                           "amaq:budget=3.5", "aqsgd:4", "amaq:budget=3:uniform", "amaq:8->2:budget=3:grad=4:token:symmetric", "amaq:budget=4:grad=8",
                            "fixed:3:channel:grad=8", "fixed:4:group:64:grad=6", "aqsgd:4:grad=6", "fixed:3:channel:grad=4:token",
                            "amaq:budget=3:grad=3:symmetric", "fixed:3:channel:grad=4:token:symmetric:stochastic"}) {
     EXPECT_EQ(Method::Parse(text)->ToString(), text);
     EXPECT_EQ(std::string(text).find(','), std::string::npos) << "method names go into CSV files unquoted";
   }
+  EXPECT_NE(Method::Parse("amaq:8->2:budget=3")->ToString(), Method::Parse("amaq:budget=3")->ToString())
+      << "a budget with room below it is another method than the default range's";
   EXPECT_EQ(*Method::Parse("amaq:budget=3.5")->target_bits(), 3.5);
   EXPECT_FALSE(Method::Parse("amaq:8->3")->target_bits());
 }

@@ -8,6 +8,8 @@
 namespace amaq::quant {
 namespace {
 
+constexpr double kDefaultBmax = 8, kDefaultBmin = 3;  // "amaq" alone
+
 class AmaqClientCodec : public ClientCodec {
  public:
   AmaqClientCodec(int64_t channels, AmaqOptions options) : quantizer_(channels, options), gates_(channels) {}
@@ -80,8 +82,10 @@ class Amaq : public Method {
 
   std::string ToString() const override {
     char buf[64];
-    if (budget_) {
+    if (budget_ && bmax_ == kDefaultBmax && bmin_ == kDefaultBmin) {
       std::snprintf(buf, sizeof buf, "amaq:budget=%g", *budget_);
+    } else if (budget_) {  // the range is part of the method: 8->2 leaves the allocation room below the budget
+      std::snprintf(buf, sizeof buf, "amaq:%g->%g:budget=%g", bmax_, bmin_, *budget_);
     } else {
       std::snprintf(buf, sizeof buf, "amaq:%g->%g", bmax_, bmin_);
     }
@@ -115,7 +119,7 @@ class Amaq : public Method {
 
 std::unique_ptr<Method> ParseAmaq(const MethodName& name) {
   if (name.arguments.size() > 2) name.Refuse("amaq takes a range or a budget, then optionally uniform");
-  double bmax = 8, bmin = 3;
+  double bmax = kDefaultBmax, bmin = kDefaultBmin;
   std::optional<double> budget;
   bool uniform = false;
   for (const std::string& arg : name.arguments) {
