@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -82,6 +83,41 @@ TEST(Gpt2Bpe, TokenizerJsonGivesTheSameIds) {
   const std::vector<int64_t> ids = from_json->Encode("a<|endoftext|>b");
   EXPECT_EQ(ids, (std::vector<int64_t>{64, 50256, 65}));
   EXPECT_EQ(from_json->Decode(ids), "a<|endoftext|>b");
+  // As plain text, the same characters are ordinary text: user data cannot inject the token.
+  const auto plain = Tokenizer::Load(dir, SpecialTokens::kPlain);
+  const std::vector<int64_t> as_text = plain->Encode("a<|endoftext|>b");
+  EXPECT_EQ(as_text, reference->Encode("a<|endoftext|>b")) << "GPT-2's own encoder reads it as text";
+  EXPECT_EQ(std::count(as_text.begin(), as_text.end(), 50256), 0);
+  EXPECT_EQ(plain->Decode(as_text), "a<|endoftext|>b");
+}
+
+// SentencePiece directories name their special tokens in tokenizer_config.json, as Hugging Face
+// writes it: parsed by default, plain text on request; a broken config is an error that says so.
+TEST(SentencePiece, SpecialTokensOfTheConfigAreParsedOrPlain) {
+  const std::string dir = ::testing::TempDir() + "/spm-special";
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream text(dir + "/corpus.txt");
+    for (int i = 0; i < 300; ++i) text << "the quick brown fox " << i << " jumps over the lazy dog\n";
+  }
+  TrainSentencePiece(dir + "/corpus.txt", dir + "/tokenizer", 300);
+  std::ofstream(dir + "/tokenizer_config.json")
+      << R"({"bos_token": "<s>", "eos_token": {"content": "</s>"}, "added_tokens_decoder": {"3": {"content": "<pad>"}}})";
+  const auto parsed = Tokenizer::Load(dir);
+  EXPECT_EQ(parsed->Encode("fox</s>dog<pad>"), [&] {
+    std::vector<int64_t> ids = parsed->Encode("fox");
+    ids.push_back(2);
+    for (const int64_t id : parsed->Encode("dog")) ids.push_back(id);
+    ids.push_back(3);
+    return ids;
+  }());
+  const auto plain = Tokenizer::Load(dir, SpecialTokens::kPlain);
+  const std::vector<int64_t> as_text = plain->Encode("fox</s>dog");
+  EXPECT_EQ(std::count(as_text.begin(), as_text.end(), int64_t{2}), 0) << "</s> stays text";
+  EXPECT_EQ(plain->Decode(as_text), "fox</s>dog");
+  EXPECT_THROW(ParseSpecialTokens("maybe"), Error);
+  std::ofstream(dir + "/tokenizer_config.json") << R"({"added_tokens_decoder": {"99999": {"content": "<x>"}}})";
+  EXPECT_THROW(Tokenizer::Load(dir), Error);
 }
 
 TEST(SentencePiece, TrainsLoadsAndRoundTrips) {

@@ -154,7 +154,7 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::FromTokenizerJson(const std::string&
     for (const auto& [token, id] : t->vocab_) size = std::max(size, id + 1);
     for (const nlohmann::json& added : json.value("added_tokens", nlohmann::json::array())) {
       const int64_t id = added.at("id").get<int64_t>();
-      t->specials_.emplace_back(added.at("content").get<std::string>(), id);
+      t->AddSpecialToken(added.at("content").get<std::string>(), id);
       t->vocab_[added.at("content").get<std::string>()] = id;
       size = std::max(size, id + 1);
     }
@@ -253,28 +253,9 @@ void BpeTokenizer::EncodePiece(const std::string& piece, std::vector<int64_t>* i
   ids->insert(ids->end(), out.begin(), out.end());
 }
 
-std::vector<int64_t> BpeTokenizer::Encode(const std::string& text) const {
+std::vector<int64_t> BpeTokenizer::EncodePlain(const std::string& text) const {
   std::vector<int64_t> ids;
-  size_t at = 0;
-  while (at < text.size()) {
-    // The earliest special token from `at`, if any.
-    size_t special_at = std::string::npos;
-    const std::pair<std::string, int64_t>* special = nullptr;
-    for (const auto& s : specials_) {
-      const size_t found = text.find(s.first, at);
-      if (found < special_at) {
-        special_at = found;
-        special = &s;
-      }
-    }
-    const size_t end = special ? special_at : text.size();
-    if (end > at) {
-      for (const std::string& piece : PreTokenize(text.substr(at, end - at))) EncodePiece(piece, &ids);
-    }
-    if (!special) break;
-    ids.push_back(special->second);
-    at = special_at + special->first.size();
-  }
+  for (const std::string& piece : PreTokenize(text)) EncodePiece(piece, &ids);
   return ids;
 }
 
@@ -285,7 +266,7 @@ std::string BpeTokenizer::Decode(const std::vector<int64_t>& ids) const {
             "token id " + std::to_string(id) + " is outside the vocabulary of " + std::to_string(id_to_token_.size()));
     const std::string& token = id_to_token_[static_cast<size_t>(id)];
     bool special = false;
-    for (const auto& s : specials_) special = special || s.second == id;
+    for (const auto& s : special_tokens()) special = special || s.second == id;
     if (special) {
       out += token;
       continue;

@@ -1,7 +1,7 @@
 // Byte-level BPE as GPT-2 defined it: the text is split by a pre-tokenizer regex (PCRE2, Unicode
 // classes), each piece's UTF-8 bytes are mapped to printable characters (bytes_to_unicode), and
 // merges are applied lowest rank first until none applies. Special tokens ("added_tokens") are
-// matched literally before pre-tokenization. Verified id for id against the npm package
+// matched literally before pre-tokenization (tokenizer.h). Verified id for id against the npm package
 // gpt-3-encoder (tests/tokenizer_test.cc).
 #pragma once
 
@@ -28,10 +28,12 @@ class BpeTokenizer : public Tokenizer {
   static std::unique_ptr<BpeTokenizer> FromTokenizerJson(const std::string& path);
 
   ~BpeTokenizer() override;
-  std::vector<int64_t> Encode(const std::string& text) const override;
   std::string Decode(const std::vector<int64_t>& ids) const override;
   int64_t vocab_size() const override;
   std::optional<int64_t> TokenId(const std::string& token) const override;
+
+ protected:
+  std::vector<int64_t> EncodePlain(const std::string& text) const override;
 
  private:
   BpeTokenizer() = default;
@@ -44,7 +46,6 @@ class BpeTokenizer : public Tokenizer {
   std::vector<std::string> id_to_token_;
   std::unordered_map<std::string, int> ranks_;  // "left right" -> merge rank
   std::vector<std::unique_ptr<Regex>> patterns_;  // applied in sequence (Split ... Split)
-  std::vector<std::pair<std::string, int64_t>> specials_;
   bool ignore_merges_ = false;
   std::string byte_to_symbol_[256];
   std::unordered_map<std::string, uint8_t> symbol_to_byte_;

@@ -77,7 +77,7 @@ std::unique_ptr<SentencePieceTokenizer> SentencePieceTokenizer::Load(const std::
   return t;
 }
 
-std::vector<int64_t> SentencePieceTokenizer::Encode(const std::string& text) const {
+std::vector<int64_t> SentencePieceTokenizer::EncodePlain(const std::string& text) const {
   char error[kErrorCapacity] = {};
   std::vector<int> ids(text.size() + 16);  // byte fallback: at most one id per byte, plus pieces
   const int n = LoadPlugin().encode(processor_, text.data(), static_cast<int>(text.size()), ids.data(),

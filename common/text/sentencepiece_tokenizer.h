@@ -17,10 +17,12 @@ class SentencePieceTokenizer : public Tokenizer {
   static std::unique_ptr<SentencePieceTokenizer> Load(const std::string& model_path);
   ~SentencePieceTokenizer() override;
 
-  std::vector<int64_t> Encode(const std::string& text) const override;
   std::string Decode(const std::vector<int64_t>& ids) const override;
   int64_t vocab_size() const override;
   std::optional<int64_t> TokenId(const std::string& token) const override;
+
+ protected:
+  std::vector<int64_t> EncodePlain(const std::string& text) const override;
 
  private:
   SentencePieceTokenizer();
