@@ -46,7 +46,10 @@ void ClientOptionKeys(Keys& keys) {
   keys.String("checkpoint_dir", &O::checkpoint_dir, "directory for this client's checkpoints (empty: none)");
   keys.Int("checkpoint_every", &O::checkpoint_every, "steps between checkpoints", 1, INT64_MAX);
   keys.Int("sync_every", &O::sync_every, "collaborative mode: average the clients' adapters every N steps (0: off)", 0, INT64_MAX);
-  keys.String("adapter_out", &O::adapter_out, "export the client's LoRA here in PEFT format at the end (empty: no)");
+  keys.String("adapter_out", &O::adapter_out, "export the whole fine-tune here at the end as one PEFT adapter: this client's LoRA and the server's (empty: no)");
+  keys.String("merged_out", &O::merged_out, "also write the base model with that adapter merged in here, a Hugging Face model directory (empty: no; needs adapter_out)");
+  keys.String("special_tokens", &O::special_tokens, "special tokens in the data's text: parse (become their ids, as Hugging Face does) or plain (stay text)",
+              {"parse", "plain"});
   keys.Double("retry_seconds", &O::retry_seconds, "how long to keep reconnecting to a lost server", 0, 1e9);
   keys.Bool("progress", &O::progress, "progress bar on a terminal, log lines otherwise");
 }

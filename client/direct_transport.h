@@ -22,6 +22,10 @@ class DirectTransport : public Transport {
   NamedFloats SyncAdapters(const NamedFloats& adapter) override {
     return server_.AverageAdapters(client_id_, adapter, &averaged_clients_);
   }
+  ServerAdapterInfo FetchAdapter() override { return server_.AdapterOf(client_id_); }
+  void ReportMetric(int64_t step, const std::string& name, double value) override {
+    server_.ReportMetric(client_id_, step, name, value);
+  }
   uint64_t bytes_up() const override { return 0; }
   uint64_t bytes_down() const override { return 0; }
 

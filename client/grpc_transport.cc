@@ -177,6 +177,29 @@ NamedFloats GrpcTransport::SyncAdapters(const NamedFloats& adapter) {
   return FromNamedTensors(reply.tensors());
 }
 
+ServerAdapterInfo GrpcTransport::FetchAdapter() {
+  const amaq::v1::AdapterRequest request;
+  amaq::v1::ServerAdapter reply;
+  grpc::ClientContext context;
+  AuthorizeCall(&context);
+  const grpc::Status status = stub_->FetchAdapter(&context, request, &reply);
+  if (!status.ok()) throw ToError(status, "fetching the server's adapter");
+  message_up_ += FramedBytes(request);
+  message_down_ += FramedBytes(reply);
+  return FromServerAdapterMessage(reply);
+}
+
+void GrpcTransport::ReportMetric(int64_t step, const std::string& name, double value) {
+  const amaq::v1::MetricReport request = MetricReportMessage(step, name, value);
+  amaq::v1::MetricAck reply;
+  grpc::ClientContext context;
+  AuthorizeCall(&context);
+  const grpc::Status status = stub_->ReportMetric(&context, request, &reply);
+  if (!status.ok()) throw ToError(status, "reporting the metric");
+  message_up_ += FramedBytes(request);
+  message_down_ += FramedBytes(reply);
+}
+
 uint64_t GrpcTransport::bytes_up() const { return relay_ ? relay_->bytes_up() : message_up_; }
 uint64_t GrpcTransport::bytes_down() const { return relay_ ? relay_->bytes_down() : message_down_; }
 

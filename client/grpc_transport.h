@@ -34,6 +34,8 @@ class GrpcTransport : public Transport {
   int64_t Join(const JoinInfo& info) override;
   StepResult Step(const StepInput& input) override;
   NamedFloats SyncAdapters(const NamedFloats& adapter) override;
+  ServerAdapterInfo FetchAdapter() override;
+  void ReportMetric(int64_t step, const std::string& name, double value) override;
   uint64_t bytes_up() const override;
   uint64_t bytes_down() const override;
   // The relay in front of the channel (null without metering): tests use it to break the link.

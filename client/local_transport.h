@@ -50,6 +50,17 @@ class LocalTransport : public Transport {
     down_ += FramedBytes(reply);
     return average;
   }
+  ServerAdapterInfo FetchAdapter() override {
+    const ServerAdapterInfo info = direct_.FetchAdapter();
+    up_ += FramedBytes(v1::AdapterRequest());
+    down_ += FramedBytes(ServerAdapterMessage(info));
+    return info;
+  }
+  void ReportMetric(int64_t step, const std::string& name, double value) override {
+    direct_.ReportMetric(step, name, value);
+    up_ += FramedBytes(MetricReportMessage(step, name, value));
+    down_ += FramedBytes(v1::MetricAck());
+  }
   uint64_t bytes_up() const override { return up_; }
   uint64_t bytes_down() const override { return down_; }
 

@@ -7,9 +7,11 @@
 #include <sstream>
 #include <thread>
 
+#include "client/adapter_export.h"
 #include "common/base/atomic_file.h"
 #include "common/model/checkpoint.h"
 #include "common/base/error.h"
+#include "common/model/decoders.h"
 #include "common/model/evaluate.h"
 #include "common/model/finetune.h"
 #include "common/base/progress.h"
@@ -55,7 +57,9 @@ SplitClient::SplitClient(ClientOptions options, Dataset data, Transport& transpo
           "cut_layer " + std::to_string(options_.cut_layer) + " lies outside the model's " +
               std::to_string(config_.num_hidden_layers) + " layers: choose 0.." + std::to_string(config_.num_hidden_layers));
   Require(!data_.train.empty(), ErrorCode::kInvalidArgument, "client " + options_.client_id + " has no training examples");
-  tokenizer_ = Tokenizer::Load(options_.model_dir);
+  Require(options_.merged_out.empty() || !options_.adapter_out.empty(), ErrorCode::kInvalidArgument,
+          "merged_out is set but adapter_out is not: set adapter_out too (the merged model is built from the adapter)");
+  tokenizer_ = Tokenizer::Load(options_.model_dir, ParseSpecialTokens(options_.special_tokens));
   encoder_ = std::make_unique<ExampleEncoder>(*tokenizer_, config_.bos_token_id, config_.eos_token_id, options_.max_tokens);
   torch::manual_seed(options_.seed);
   const BaseWeights base_weights = ParseBaseWeights(options_.base_weights);
@@ -214,7 +218,8 @@ double SplitClient::Evaluate() {
     const StepResult r = remote(ids, mask, torch::Tensor(), StepKind::kNextToken);
     return torch::tensor(r.next_tokens, torch::kLong);
   };
-  return ExactMatch(step, *encoder_, examples, 12, options_.eval_batch);
+  RecomputingDecoder decoder(step);  // the server holds no KV cache: each token runs the sequences again
+  return ExactMatch(decoder, *encoder_, examples, 12, options_.eval_batch);
 }
 
 NamedFloats SplitClient::Adapter() {
@@ -344,12 +349,14 @@ double SplitClient::Run() {
     if (options_.eval_every > 0 && (step + 1) % options_.eval_every == 0 && step + 1 < options_.steps) {
       records_.back().metric = Evaluate();
       WriteCsv(records_.back());
+      ReportMetric(step + 1, *records_.back().metric);
     }
     if (options_.sync_every > 0 && (step + 1) % options_.sync_every == 0) SyncAdapters();
     if ((step + 1) % options_.checkpoint_every == 0) TrySaveCheckpoint(client_next_);
   }
   SaveCheckpoint(client_next_);
   const double metric = Evaluate();
+  ReportMetric(step, metric);
   StepRecord last = records_.empty() ? StepRecord{} : records_.back();
   last.step = step;
   last.metric = metric;
@@ -360,10 +367,29 @@ double SplitClient::Run() {
   records_.push_back(last);
   WriteCsv(last);
   if (options_.progress) progress.Finish((data_.is_classification() ? "accuracy " : "exact match ") + std::to_string(metric));
-  if (!options_.adapter_out.empty()) {
-    SavePeftAdapter({&part_}, options_.lora, options_.model_dir, options_.adapter_out);
-  }
+  if (!options_.adapter_out.empty()) ExportAdapter();
   return metric;
+}
+
+void SplitClient::ReportMetric(int64_t steps_done, double metric) {
+  try {
+    transport_.ReportMetric(steps_done, data_.is_classification() ? "accuracy" : "exact_match", metric);
+  } catch (const Error& e) {  // the live view misses a point; training is not affected
+    spdlog::warn("the server did not take this client's metric ({}): its live view lacks it", e.what());
+  }
+}
+
+void SplitClient::ExportAdapter() {
+  ServerAdapterInfo server;
+  try {
+    server = RetryTransient("fetching the server's adapter", [&] { return transport_.FetchAdapter(); });
+  } catch (const Error& e) {
+    spdlog::warn("the server's LoRA could not be fetched ({}): {} holds this client's layers [0, {}) only", e.what(),
+                 options_.adapter_out, options_.cut_layer);
+    SavePeftAdapter({&part_}, options_.lora, options_.model_dir, options_.adapter_out);
+    return;
+  }
+  ExportWholeAdapter(part_, server, options_.lora, options_.model_dir, options_.adapter_out, options_.merged_out);
 }
 
 }  // namespace amaq::client

@@ -59,7 +59,9 @@ struct ClientOptions {
   std::string csv_path;          // empty: no CSV
   std::string checkpoint_dir;    // empty: no checkpoints
   int64_t checkpoint_every = 50;
-  std::string adapter_out;       // empty: no PEFT export at the end
+  std::string adapter_out;       // empty: no PEFT export at the end (the whole fine-tune: client/adapter_export.h)
+  std::string merged_out;        // empty: no merged model directory at the end (needs adapter_out)
+  std::string special_tokens = "parse";  // parse | plain: special tokens in the data's text (common/text/tokenizer.h)
   int64_t sync_every = 0;        // collaborative mode: average client adapters every N steps (0: off)
   double retry_seconds = 120;    // give up on a broken link after this long
   bool progress = true;
@@ -101,6 +103,10 @@ class SplitClient {
   // amaq::Error (kDataLoss), keeping its own weights, when the average lacks a tensor or holds a
   // value that is not finite.
   void SyncAdapters();
+  // Writes adapter_out (and merged_out): this client's LoRA and the server's as one PEFT adapter.
+  // A server that cannot give its LoRA (an older one, a broken link) leaves an adapter of this
+  // client's layers alone, with a warning.
+  void ExportAdapter();
   // This client's LoRA tensors (names as in PEFT), as SyncAdapters uploads them.
   NamedFloats Adapter();
   const std::vector<StepRecord>& records() const { return records_; }
@@ -123,6 +129,9 @@ class SplitClient {
   template <typename F>
   auto RetryTransient(const std::string& what, F attempt) -> decltype(attempt());
   StepResult Exchange(const StepInput& input);
+  // Sends the metric after `steps_done` training steps to the server's live view; a refusal is
+  // logged, not thrown.
+  void ReportMetric(int64_t steps_done, double metric);
   void WriteCsv(const StepRecord& r);
   void SaveCheckpoint(int64_t next_step);
   // A failed periodic checkpoint is logged and training goes on (the previous one is intact).

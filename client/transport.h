@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "common/base/split_step.h"
 
@@ -18,6 +19,10 @@ class Transport {
   virtual StepResult Step(const StepInput& input) = 0;
   // Collaborative mode: uploads this client's adapter, returns the average over clients.
   virtual NamedFloats SyncAdapters(const NamedFloats& adapter) = 0;
+  // The server's LoRA that trains with this client (its layers [cut, L)), for the whole adapter.
+  virtual ServerAdapterInfo FetchAdapter() = 0;
+  // Tells the server this client's evaluation result (shown in its live view).
+  virtual void ReportMetric(int64_t step, const std::string& name, double value) = 0;
   // Bytes sent and received so far, as the transport measures them (the sockets, for gRPC).
   virtual uint64_t bytes_up() const = 0;
   virtual uint64_t bytes_down() const = 0;

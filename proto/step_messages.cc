@@ -82,4 +82,34 @@ NamedFloats FromNamedTensors(const google::protobuf::RepeatedPtrField<v1::NamedT
   return out;
 }
 
+v1::ServerAdapter ServerAdapterMessage(const ServerAdapterInfo& info) {
+  v1::ServerAdapter m;
+  ToNamedTensors(info.tensors, m.mutable_tensors());
+  m.set_shared(info.shared);
+  m.set_lora_rank(static_cast<int32_t>(info.lora_rank));
+  m.set_lora_alpha(info.lora_alpha);
+  for (const std::string& t : info.target_modules) m.add_target_modules(t);
+  m.set_applied_steps(info.applied_steps);
+  return m;
+}
+
+ServerAdapterInfo FromServerAdapterMessage(const v1::ServerAdapter& m) {
+  ServerAdapterInfo info;
+  info.tensors = FromNamedTensors(m.tensors());
+  info.shared = m.shared();
+  info.lora_rank = m.lora_rank();
+  info.lora_alpha = m.lora_alpha();
+  info.target_modules.assign(m.target_modules().begin(), m.target_modules().end());
+  info.applied_steps = m.applied_steps();
+  return info;
+}
+
+v1::MetricReport MetricReportMessage(int64_t step, const std::string& name, double value) {
+  v1::MetricReport m;
+  m.set_step(step);
+  m.set_name(name);
+  m.set_value(value);
+  return m;
+}
+
 }  // namespace amaq

@@ -10,6 +10,7 @@
 #include <google/protobuf/message_lite.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "amaq/v1/split_training.pb.h"
@@ -24,6 +25,12 @@ std::vector<v1::StepReply> StepReplies(const StepResult& result, size_t max_chun
 // Named tensors (collaborative adapter averaging) to and from their protobuf form.
 void ToNamedTensors(const NamedFloats& tensors, google::protobuf::RepeatedPtrField<v1::NamedTensor>* out);
 NamedFloats FromNamedTensors(const google::protobuf::RepeatedPtrField<v1::NamedTensor>& tensors);
+
+// The server's LoRA of a client (FetchAdapter) to and from its protobuf form.
+v1::ServerAdapter ServerAdapterMessage(const ServerAdapterInfo& info);
+ServerAdapterInfo FromServerAdapterMessage(const v1::ServerAdapter& message);
+
+v1::MetricReport MetricReportMessage(int64_t step, const std::string& name, double value);
 
 // Bytes of one gRPC message on the stream: the length-prefixed serialized protobuf.
 inline uint64_t FramedBytes(const google::protobuf::MessageLite& message) { return message.ByteSizeLong() + 5; }

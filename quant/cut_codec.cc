@@ -13,8 +13,18 @@ double AverageBits(const Decoded& d) {
   return d.bits.AverageBits(d.rows, d.cols);
 }
 
+// The share of elements at each width: a per-channel table's entries each stand for 1/cols of
+// them, a per-token table's for 1/rows.
+std::map<int, double> WidthShares(const Decoded& d) {
+  if (d.bits.bits.empty()) return {{d.scheme == Scheme::kFloat32 ? 32 : 16, 1.0}};
+  std::map<int, double> shares;
+  const double each = 1.0 / static_cast<double>(d.bits.bits.size());
+  for (const uint8_t b : d.bits.bits) shares[b] += each;
+  return shares;
+}
+
 ServerCodec::Activation ActivationOf(Decoded& d) {
-  return ServerCodec::Activation{std::move(d.values), AverageBits(d), d.count};
+  return ServerCodec::Activation{std::move(d.values), AverageBits(d), d.count, WidthShares(d)};
 }
 
 }  // namespace

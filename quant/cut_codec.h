@@ -15,6 +15,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -94,6 +95,7 @@ class ServerCodec {
     std::vector<float> values;  // [samples * tokens, channels]
     double average_bits = 0;    // of the codes (32 or 16 for float casts)
     ByteCount count;
+    std::map<int, double> width_shares;  // share of the elements at each bit-width (empty: not known)
   };
   // Decodes a training activation of `samples` (the step's shape; checked before decompressing),
   // advancing the stream; the next gradient answers it. Throws amaq::Error (kDataLoss,

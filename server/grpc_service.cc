@@ -386,6 +386,36 @@ grpc::ServerUnaryReactor* SplitTrainingService::Status(grpc::CallbackServerConte
   return Done(context, grpc::Status::OK);
 }
 
+grpc::ServerUnaryReactor* SplitTrainingService::FetchAdapter(grpc::CallbackServerContext* context,
+                                                             const amaq::v1::AdapterRequest*, amaq::v1::ServerAdapter* reply) {
+  Caller caller;
+  const grpc::Status status = Authenticate(context, &caller);
+  if (!status.ok()) return Done(context, status);
+  if (caller.client.empty()) {
+    return Done(context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no client id: call Join first"));
+  }
+  try {
+    *reply = ServerAdapterMessage(server_.AdapterOf(caller.client));
+    CountTraffic(caller.client, 0, reply->ByteSizeLong());
+  } catch (const std::exception& e) {
+    return Done(context, ToStatus(e));
+  }
+  return Done(context, grpc::Status::OK);
+}
+
+grpc::ServerUnaryReactor* SplitTrainingService::ReportMetric(grpc::CallbackServerContext* context,
+                                                             const amaq::v1::MetricReport* request, amaq::v1::MetricAck*) {
+  Caller caller;
+  const grpc::Status status = Authenticate(context, &caller);
+  if (!status.ok()) return Done(context, status);
+  try {
+    server_.ReportMetric(caller.client, request->step(), request->name(), request->value());
+  } catch (const std::exception& e) {
+    return Done(context, ToStatus(e));
+  }
+  return Done(context, grpc::Status::OK);
+}
+
 std::map<std::string, Traffic> SplitTrainingService::traffic() const {
   std::lock_guard<std::mutex> lock(traffic_mutex_);
   return traffic_;

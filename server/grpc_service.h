@@ -68,6 +68,11 @@ class SplitTrainingService final : public amaq::v1::SplitTraining::CallbackServi
                                          amaq::v1::AdapterAverage* reply) override;
   grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* context, const amaq::v1::StatusRequest* request,
                                    amaq::v1::StatusReply* reply) override;
+  // The caller's own server-side LoRA (never another client's: the caller is the token's client).
+  grpc::ServerUnaryReactor* FetchAdapter(grpc::CallbackServerContext* context, const amaq::v1::AdapterRequest* request,
+                                         amaq::v1::ServerAdapter* reply) override;
+  grpc::ServerUnaryReactor* ReportMetric(grpc::CallbackServerContext* context, const amaq::v1::MetricReport* request,
+                                         amaq::v1::MetricAck* reply) override;
 
   StepWorker& worker() { return worker_; }
   // Watches a client's stream; a stream of the same client watched before is superseded.

@@ -9,7 +9,7 @@
 #include <atomic>
 #include <cctype>
 #include <fstream>
-#include <sstream>
+#include <map>
 #include <thread>
 
 #include "common/base/config.h"
@@ -20,7 +20,9 @@
 #include "common/net/tls.h"
 #include "server/grpc_service.h"
 #include "server/server_config.h"
+#include "server/live_view.h"
 #include "server/metrics_http.h"
+#include "server/prometheus_text.h"
 #include "server/split_server.h"
 #include "server/token_store.h"
 
@@ -32,34 +34,6 @@ namespace {
 // one client connection holds: its socket and the relay's loopback pair.
 constexpr int64_t kReservedFiles = 128;
 constexpr int64_t kFilesPerConnection = 3;
-
-std::string RenderMetrics(server::SplitTrainingService& service) {
-  std::ostringstream out;
-  const auto stats = service.server().Stats();
-  const auto traffic = service.traffic();
-  const auto metric = [&](const char* name, const char* type, const char* help) {
-    out << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
-  };
-  metric("amaq_bytes_up_total", "counter", "Protobuf bytes received from the client");
-  for (const auto& [id, t] : traffic) out << "amaq_bytes_up_total{client=\"" << id << "\"} " << t.bytes_up << "\n";
-  metric("amaq_bytes_down_total", "counter", "Protobuf bytes sent to the client");
-  for (const auto& [id, t] : traffic) out << "amaq_bytes_down_total{client=\"" << id << "\"} " << t.bytes_down << "\n";
-  metric("amaq_steps_total", "counter", "Training steps applied");
-  for (const auto& [id, s] : stats) out << "amaq_steps_total{client=\"" << id << "\"} " << s.steps << "\n";
-  metric("amaq_loss", "gauge", "Loss of the last training step");
-  for (const auto& [id, s] : stats) out << "amaq_loss{client=\"" << id << "\"} " << s.last_loss << "\n";
-  metric("amaq_average_bits", "gauge", "Average bits of the last activation received");
-  for (const auto& [id, s] : stats) out << "amaq_average_bits{client=\"" << id << "\"} " << s.average_bits << "\n";
-  metric("amaq_step_seconds", "gauge", "Server time of the last training step");
-  for (const auto& [id, s] : stats) out << "amaq_step_seconds{client=\"" << id << "\"} " << s.last_step_seconds << "\n";
-  metric("amaq_connected", "gauge", "1 while the client's step stream is open");
-  for (const auto& [id, t] : traffic) out << "amaq_connected{client=\"" << id << "\"} " << (t.connected ? 1 : 0) << "\n";
-  metric("amaq_open_streams", "gauge", "Step streams open now");
-  out << "amaq_open_streams " << service.open_streams() << "\n";
-  metric("amaq_checkpoint_failures_total", "counter", "Periodic checkpoints that failed (the previous one stays)");
-  out << "amaq_checkpoint_failures_total " << service.server().checkpoint_failures() << "\n";
-  return out.str();
-}
 
 // The first line of `path`, which must hold a token of 16 or more characters.
 std::string ReadMetricsToken(const std::string& path) {
@@ -115,9 +89,11 @@ int Run(const Config& c) {
     server::MetricsOptions m;
     m.listen = c.String("metrics_listen");
     if (!c.String("metrics_token_file").empty()) m.token = ReadMetricsToken(c.String("metrics_token_file"));
-    metrics = std::make_unique<server::MetricsHttp>(m, [&service] { return RenderMetrics(service); },
-                                                    [&draining] { return !draining; });
-    spdlog::info("metrics on http://{}/metrics (port {}){}", m.listen, metrics->port(), m.token.empty() ? "" : ", bearer token required");
+    std::map<std::string, server::HttpPage> pages = server::LiveViewPages(service);
+    pages["/metrics"] = {"text/plain; version=0.0.4", [&service] { return server::PrometheusText(service); }};
+    metrics = std::make_unique<server::MetricsHttp>(m, std::move(pages), [&draining] { return !draining; });
+    spdlog::info("metrics on http://{0}/metrics, live view on http://{0}/{1} (port {2})", m.listen,
+                 m.token.empty() ? "" : "#token=<metrics token>", metrics->port());
   }
   spdlog::info("amaq-server listening on port {} ({})", port, c.Bool("insecure") ? "plain text" : "TLS");
 

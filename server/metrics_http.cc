@@ -21,13 +21,19 @@ using asio::ip::tcp;
 
 struct MetricsHttp::Impl {
   MetricsOptions options;
-  std::function<std::string()> render;
+  std::map<std::string, HttpPage> pages;
   std::function<bool()> ready;
   int open = 0;  // connections being served; outlives `io`, whose handlers own the sessions
   asio::io_context io;
   tcp::acceptor acceptor{io};
   asio::steady_timer accept_retry{io};
   std::thread thread;
+
+  std::string PageList() const {
+    std::string list;
+    for (const auto& [path, page] : pages) list += path + ",";
+    return list;
+  }
 
   std::chrono::steady_clock::duration timeout() const {
     return std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(options.timeout_seconds));
@@ -53,6 +59,10 @@ struct MetricsHttp::Impl {
       response_.version(request.version());
       response_.keep_alive(false);
       const bool get = request.method() == http::verb::get;
+      const std::string target(request.target());
+      const auto page = impl_.pages.find(target.substr(0, target.find('?')));
+      const bool authorized =
+          impl_.options.token.empty() || request[http::field::authorization] == "Bearer " + impl_.options.token;
       if (get && request.target() == "/healthz") {
         response_.result(http::status::ok);
         response_.body() = "ok\n";
@@ -60,17 +70,18 @@ struct MetricsHttp::Impl {
         const bool ready = impl_.ready();
         response_.result(ready ? http::status::ok : http::status::service_unavailable);
         response_.body() = ready ? "ready\n" : "not ready: starting or draining\n";
-      } else if (!impl_.options.token.empty() && request[http::field::authorization] != "Bearer " + impl_.options.token) {
+      } else if (get && page != impl_.pages.end() && (authorized || !page->second.needs_token)) {
+        response_.result(http::status::ok);
+        response_.set(http::field::content_type, page->second.content_type);
+        response_.set(http::field::cache_control, "no-store");
+        response_.body() = page->second.render();
+      } else if (!authorized) {
         response_.result(http::status::unauthorized);
         response_.set(http::field::www_authenticate, "Bearer");
-        response_.body() = "amaq-server: /metrics needs \"Authorization: Bearer <metrics token>\"\n";
-      } else if (get && request.target() == "/metrics") {
-        response_.result(http::status::ok);
-        response_.set(http::field::content_type, "text/plain; version=0.0.4");
-        response_.body() = impl_.render();
+        response_.body() = "amaq-server: this page needs \"Authorization: Bearer <metrics token>\"\n";
       } else {
         response_.result(http::status::not_found);
-        response_.body() = "amaq-server serves GET /metrics, /healthz and /readyz\n";
+        response_.body() = "amaq-server serves GET " + impl_.PageList() + " /healthz and /readyz\n";
       }
       response_.prepare_payload();
       http::async_write(stream_, response_, [self = shared_from_this()](beast::error_code, size_t) {
@@ -103,12 +114,12 @@ struct MetricsHttp::Impl {
   }
 };
 
-MetricsHttp::MetricsHttp(MetricsOptions options, std::function<std::string()> render, std::function<bool()> ready)
+MetricsHttp::MetricsHttp(MetricsOptions options, std::map<std::string, HttpPage> pages, std::function<bool()> ready)
     : impl_(std::make_unique<Impl>()) {
   const std::string listen = options.listen.find(':') == std::string::npos ? "127.0.0.1:" + options.listen : options.listen;
   const auto [host, port] = SplitHostPort(listen, "metrics_listen");
   impl_->options = std::move(options);
-  impl_->render = std::move(render);
+  impl_->pages = std::move(pages);
   impl_->ready = std::move(ready);
   boost::system::error_code ec;
   const tcp::endpoint endpoint(asio::ip::make_address(host == "localhost" ? "127.0.0.1" : host, ec), port);

@@ -1,6 +1,6 @@
-// MetricsHttp: the Prometheus text endpoint (GET /metrics) of amaq-server, served by Boost.Beast
-// on its own thread: per client bytes up and down (protobuf bytes as the service counted them),
-// applied steps, last loss, average bits of the last activation, last step latency, connected.
+// MetricsHttp: the HTTP endpoint of amaq-server, served by Boost.Beast on its own thread: the pages
+// it is given (GET /metrics, the Prometheus text; GET / and /api/status, the live view:
+// server/live_view.h), each rendered when asked.
 // Probes for load balancers and Kubernetes, answered without the token (they tell nothing else):
 // GET /healthz 200 while the process serves; GET /readyz 200 while `ready()` is true (model
 // loaded, checkpoint restored, not draining), 503 otherwise.
@@ -8,12 +8,14 @@
 // It is built for an untrusted network: connections are served concurrently (asynchronously, on
 // the one thread), each must send its request and take the answer within `timeout_seconds`, at most
 // `max_connections` are open at once (more are closed at once), requests are bounded in size, and
-// when `token` is not empty only "Authorization: Bearer <token>" is answered (401 otherwise). The
-// page lists client ids and training progress: bind it to loopback, or set a token.
+// when `token` is not empty only "Authorization: Bearer <token>" is answered (401 otherwise) for
+// every page that needs it. The pages list client ids and training progress: bind it to loopback,
+// or set a token.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -26,12 +28,19 @@ struct MetricsOptions {
   int max_connections = 32;
 };
 
+// A page served on GET at its path (the query string is ignored).
+struct HttpPage {
+  std::string content_type;
+  std::function<std::string()> render;  // called on the endpoint's thread for every request
+  bool needs_token = true;              // false: answered without the token, so it must reveal nothing
+};
+
 class MetricsHttp {
  public:
-  // `render` produces the page and `ready` answers /readyz, both called on the endpoint's thread;
-  // throws amaq::Error (kUnavailable) when it cannot listen, (kInvalidArgument) for a malformed
-  // address. The destructor closes every connection.
-  MetricsHttp(MetricsOptions options, std::function<std::string()> render,
+  // `pages` by path ("/metrics"); `ready` answers /readyz, called on the endpoint's thread. Throws
+  // amaq::Error (kUnavailable) when it cannot listen, (kInvalidArgument) for a malformed address.
+  // The destructor closes every connection.
+  MetricsHttp(MetricsOptions options, std::map<std::string, HttpPage> pages,
               std::function<bool()> ready = [] { return true; });
   ~MetricsHttp();
   uint16_t port() const;

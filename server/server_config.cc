@@ -58,8 +58,8 @@ Config ServerConfig() {
   c.AddString("tokens_file", "", "file of \"client_id token\" lines; empty accepts any client (tests only)");
   DeclareOptionKeys<ServiceOptions>(c, [](auto& keys) { ServiceOptionKeys(keys); });
   c.AddString("metrics_listen", "",
-              "address:port of the Prometheus /metrics endpoint, or a port for 127.0.0.1:port (empty: off)");
-  c.AddString("metrics_token_file", "", "file holding the bearer token /metrics requires (empty: none; then bind to 127.0.0.1)");
+              "address:port of the HTTP endpoint: Prometheus /metrics and the live view / (empty: off); a bare port means 127.0.0.1:port");
+  c.AddString("metrics_token_file", "", "file holding the bearer token /metrics and /api/status require (empty: none; then bind to 127.0.0.1)");
   c.AddInt("threads", 0, "intra-op CPU threads (0: every core)", 0, 1024);
   AddProgramKeys(c);
   return c;

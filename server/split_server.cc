@@ -169,14 +169,14 @@ StepResult SplitServer::Step(const std::string& client_id, const StepInput& in) 
   CheckStepFields(in, step_limits());
   if (std::optional<StepResult> stored = AnswerRetry(s, in)) return *stored;
   const bool replay = Admit(s, in, started);
-  double average_bits = 0;
-  const torch::Tensor activation = Decode(s, in, &average_bits);
+  Received received;
+  const torch::Tensor activation = Decode(s, in, &received);
   if (in.kind != StepKind::kTrain) return Evaluate(s, in, activation);
   torch::Tensor gradient;
   StepResult result = Train(s, in, activation, replay, &gradient);
   result.server_seconds = std::chrono::duration<double>(Clock::now() - started).count();
   s.stats.gradient_bytes += result.gradient.size();  // sent, applied or not
-  if (!replay) Commit(s, in, result, std::move(gradient), average_bits, started);
+  if (!replay) Commit(s, in, result, std::move(gradient), received, started);
   return result;
 }
 
@@ -205,7 +205,7 @@ bool SplitServer::Admit(const Session& s, const StepInput& in, Clock::time_point
   return in.step_id <= s.last_applied;  // applied before a restart: answer, do not apply
 }
 
-torch::Tensor SplitServer::Decode(Session& s, const StepInput& in, double* average_bits) {
+torch::Tensor SplitServer::Decode(Session& s, const StepInput& in, Received* received) {
   const int64_t rows = in.batch * in.tokens;
   quant::ServerCodec::Activation a =
       in.kind == StepKind::kTrain
@@ -213,7 +213,8 @@ torch::Tensor SplitServer::Decode(Session& s, const StepInput& in, double* avera
                                     quant::SampleRows{in.batch, in.tokens, in.sample_ids}, config_.hidden_size)
           : s.codec->DecodeEvaluation(in.activation.data(), in.activation.size(), rows, config_.hidden_size);
   s.stats.activation_bytes += a.count.total();  // bytes received, refused or not
-  *average_bits = a.average_bits;
+  received->average_bits = a.average_bits;
+  received->width_shares = std::move(a.width_shares);
   auto* owned = new std::vector<float>(std::move(a.values));
   return torch::from_blob(owned->data(), {in.batch, in.tokens, config_.hidden_size},
                           [owned](void*) { delete owned; }, torch::kFloat);
@@ -271,7 +272,7 @@ StepResult SplitServer::Train(Session& s, const StepInput& in, const torch::Tens
 
 // The step's update and everything that records it.
 void SplitServer::Commit(Session& s, const StepInput& in, const StepResult& result, torch::Tensor gradient,
-                         double average_bits, Clock::time_point started) {
+                         const Received& received, Clock::time_point started) {
   LoraState& lora = s.own ? *s.own : *shared_;
   if (options_.max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(lora_params_, options_.max_grad_norm);
   lora.optimizer->step();
@@ -282,8 +283,12 @@ void SplitServer::Commit(Session& s, const StepInput& in, const StepResult& resu
   s.last_gradient = std::move(gradient);
   ++s.stats.steps;
   s.stats.last_loss = result.loss;
-  s.stats.average_bits = average_bits;
+  s.stats.average_bits = received.average_bits;
   s.stats.last_step_seconds = result.server_seconds;
+  history_.RecordStep(s.client_id,
+                      {in.step_id, std::chrono::duration<double>(started - started_).count(), result.loss,
+                       received.average_bits, s.stats.activation_bytes, s.stats.gradient_bytes},
+                      received.width_shares);
   if (++applied_since_checkpoint_ >= options_.checkpoint_every) {
     // A failed periodic checkpoint (disk full, folder gone) must not fail the step that was just
     // applied: the previous checkpoint stays, the error is logged and counted, and the next step
@@ -356,11 +361,45 @@ NamedFloats SplitServer::AverageAdapters(const std::string& client_id, const Nam
   return average;
 }
 
+ServerAdapterInfo SplitServer::AdapterOf(const std::string& client_id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Session& s = SessionOf(client_id);
+  Activate(s.own ? *s.own : *shared_);
+  ServerAdapterInfo info;
+  for (const auto& [name, tensor] : part_->LoraParameters()) {
+    const torch::Tensor values = tensor.detach().to(torch::kCPU, torch::kFloat).contiguous();
+    info.tensors[name] = NamedFloat{values.sizes().vec(),
+                                    std::vector<float>(values.data_ptr<float>(), values.data_ptr<float>() + values.numel())};
+  }
+  info.shared = !s.own;
+  info.lora_rank = options_.lora.rank;
+  info.lora_alpha = options_.lora.alpha;
+  info.target_modules = options_.lora.target_modules;
+  info.applied_steps = s.stats.steps;
+  return info;
+}
+
 std::map<std::string, ClientStats> SplitServer::Stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::map<std::string, ClientStats> out;
-  for (const auto& [id, s] : sessions_) out[id] = s->stats;
+  for (const auto& [id, s] : sessions_) {
+    out[id] = s->stats;
+    out[id].method = s->method_text;
+  }
   return out;
+}
+
+void SplitServer::ReportMetric(const std::string& client_id, int64_t step, const std::string& name, double value) {
+  Require(!name.empty() && name.size() <= 64, ErrorCode::kInvalidArgument,
+          "a metric's name must be 1..64 characters, got " + std::to_string(name.size()) + ": use accuracy or exact_match");
+  Require(std::isfinite(value), ErrorCode::kInvalidArgument, "metric " + Excerpt(name) + " is not finite: report a number");
+  Require(step >= 0, ErrorCode::kInvalidArgument, "a metric's step must be >= 0, got " + std::to_string(step));
+  const double seconds = std::chrono::duration<double>(Clock::now() - started_).count();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    SessionOf(client_id);
+  }
+  history_.RecordMetric(client_id, {step, seconds, value}, name);
 }
 
 namespace {

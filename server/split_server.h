@@ -35,6 +35,7 @@
 #include "common/base/split_step.h"
 #include "quant/cut_codec.h"
 #include "quant/method.h"
+#include "server/run_history.h"
 
 namespace amaq::server {
 
@@ -65,6 +66,7 @@ struct ClientStats {
   float last_loss = 0;
   double average_bits = 0;
   double last_step_seconds = 0;
+  std::string method;            // canonical
 };
 
 class SplitServer {
@@ -96,9 +98,18 @@ class SplitServer {
   // The bytes of the largest valid adapter upload's values (the client layers' LoRA in fp32).
   uint64_t adapter_bytes() const;
   NamedFloats AverageAdapters(const std::string& client_id, const NamedFloats& tensors, int* clients);
+  // The server-side LoRA that trains with `client_id` (its own, or the shared one), as fp32 values.
+  // kFailedPrecondition when the client has not joined.
+  ServerAdapterInfo AdapterOf(const std::string& client_id);
   // Writes every session's server-side state atomically (no-op without a checkpoint_dir).
   void Checkpoint();
   std::map<std::string, ClientStats> Stats() const;
+  // The curves of every client's run (run_history.h), for the live view.
+  const RunHistory& history() const { return history_; }
+  // Records the metric `client_id` measured after `step` training steps. kInvalidArgument for a
+  // name outside 1..64 characters or a value that is not finite; kFailedPrecondition when the
+  // client has not joined.
+  void ReportMetric(const std::string& client_id, int64_t step, const std::string& name, double value);
   // Periodic checkpoints that failed (each is logged; the previous checkpoint stays intact).
   int64_t checkpoint_failures() const { return checkpoint_failures_; }
 
@@ -110,10 +121,14 @@ class SplitServer {
   // The stages of Step (see the top of this file).
   std::optional<StepResult> AnswerRetry(Session& s, const StepInput& in);
   bool Admit(const Session& s, const StepInput& in, Clock::time_point now) const;  // true: a replay
-  torch::Tensor Decode(Session& s, const StepInput& in, double* average_bits);
+  struct Received {  // what the decode stage learnt of the activation
+    double average_bits = 0;
+    std::map<int, double> width_shares;
+  };
+  torch::Tensor Decode(Session& s, const StepInput& in, Received* received);
   StepResult Evaluate(Session& s, const StepInput& in, const torch::Tensor& activation);
   StepResult Train(Session& s, const StepInput& in, const torch::Tensor& activation, bool replay, torch::Tensor* gradient);
-  void Commit(Session& s, const StepInput& in, const StepResult& result, torch::Tensor gradient, double average_bits,
+  void Commit(Session& s, const StepInput& in, const StepResult& result, torch::Tensor gradient, const Received& received,
               Clock::time_point started);
   quant::CodecContext CodecContextFor(const std::string& client_id) const;
   void Activate(LoraState& lora);
@@ -136,6 +151,8 @@ class SplitServer {
   std::map<std::string, std::vector<int64_t>> client_lora_shapes_;  // what an upload must hold
   int64_t applied_since_checkpoint_ = 0;
   std::atomic<int64_t> checkpoint_failures_{0};
+  RunHistory history_;
+  const Clock::time_point started_ = Clock::now();
   mutable std::mutex mutex_;  // one step at a time; guards sessions_
 };
 

@@ -17,6 +17,7 @@
 #include <fstream>
 #include <thread>
 
+#include "http_get.h"
 #include "network_fixture.h"
 #include "process.h"
 #include "proto/step_messages.h"
@@ -249,27 +250,8 @@ TEST_F(Network, EchoesAreBoundedAndBadStepIdsAndEmptyStepsRefused) {
 }
 
 namespace asio = boost::asio;
-namespace http = boost::beast::http;
 using asio::ip::tcp;
-
-// One GET /metrics with an optional bearer token; returns the HTTP status (0: no answer).
-int GetMetrics(uint16_t port, const std::string& token, std::string* body = nullptr, const std::string& target = "/metrics") {
-  asio::io_context io;
-  tcp::socket socket(io);
-  boost::system::error_code ec;
-  socket.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port), ec);
-  if (ec) return 0;
-  http::request<http::empty_body> request(http::verb::get, target, 11);
-  request.set(http::field::host, "localhost");
-  if (!token.empty()) request.set(http::field::authorization, "Bearer " + token);
-  http::write(socket, request, ec);
-  boost::beast::flat_buffer buffer;
-  http::response<http::string_body> response;
-  http::read(socket, buffer, response, ec);
-  if (ec) return 0;
-  if (body) *body = response.body();
-  return static_cast<int>(response.result_int());
-}
+using testing::GetMetrics;
 
 // Item 8: a connection that sends half a request neither blocks the others nor stays open past
 // the timeout; with a token, only its bearer is answered; a bare port binds to loopback.
@@ -278,7 +260,7 @@ TEST(MetricsEndpoint, SlowClientsDoNotBlockItAndATokenGuardsIt) {
   o.listen = "0";  // a bare port: 127.0.0.1, any free port
   o.token = "metrics-token-0123456789";
   o.timeout_seconds = 1;
-  server::MetricsHttp metrics(o, [] { return std::string("amaq_up 1\n"); });
+  server::MetricsHttp metrics(o, {{"/metrics", {"text/plain", [] { return std::string("amaq_up 1\n"); }}}});
   asio::io_context io;
   tcp::socket slow(io);
   slow.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), metrics.port()));
@@ -301,7 +283,8 @@ TEST(MetricsEndpoint, HealthAndReadinessAnswerWithoutTheToken) {
   o.listen = "0";
   o.token = "metrics-token-0123456789";
   std::atomic<bool> ready{true};
-  server::MetricsHttp metrics(o, [] { return std::string("amaq_up 1\n"); }, [&ready] { return ready.load(); });
+  server::MetricsHttp metrics(o, {{"/metrics", {"text/plain", [] { return std::string("amaq_up 1\n"); }}}},
+                              [&ready] { return ready.load(); });
   std::string body;
   EXPECT_EQ(GetMetrics(metrics.port(), "", &body, "/healthz"), 200);
   EXPECT_EQ(GetMetrics(metrics.port(), "", &body, "/readyz"), 200);
@@ -349,6 +332,40 @@ TEST_F(Network, ConnectionFloodPastTheOpenFilesLimitLeavesTheServerServing) {
   for (int fd : flood) ::close(fd);
   EXPECT_TRUE(testing::WaitFor([&] { return RawJoin(*RawStub(), kToken1, "client-1", "bf16").ok(); }, 30)) << server.Log();
   EXPECT_EQ(server.Log().find("Failed accept4"), std::string::npos) << "gRPC's listener never ran out of descriptors";
+}
+
+// A client fetches its own server-side LoRA, never another's: the caller is the token's client.
+TEST_F(Network, FetchAdapterGivesEachClientItsOwnServerLora) {
+  StartServer();
+  client::GrpcTransport transport(ClientTransport(kToken1, port_));
+  client::SplitClient trained(ClientFor("client-1", "fp32", 3), testing::ParityDataset(16), transport);
+  for (int64_t step = trained.Join(); step < 3; ++step) trained.TrainStep(step);
+  auto stub = RawStub();
+  ASSERT_TRUE(RawJoin(*stub, kToken2, "client-2", "fp32").ok());
+  const auto fetch = [&](const std::string& token, amaq::v1::ServerAdapter* reply) {
+    grpc::ClientContext context;
+    if (!token.empty()) Network::Authorize(&context, token);
+    return stub->FetchAdapter(&context, amaq::v1::AdapterRequest(), reply);
+  };
+  const ServerAdapterInfo own = transport.FetchAdapter();
+  const ServerAdapterInfo expected = split_->AdapterOf("client-1");
+  EXPECT_EQ(own.applied_steps, 3);
+  EXPECT_FALSE(own.shared);
+  ASSERT_EQ(own.tensors.size(), expected.tensors.size());
+  for (const auto& [name, t] : expected.tensors) EXPECT_EQ(own.tensors.at(name).values, t.values) << name;
+
+  amaq::v1::ServerAdapter other;
+  ASSERT_TRUE(fetch(kToken2, &other).ok());
+  const ServerAdapterInfo theirs = FromServerAdapterMessage(other);
+  EXPECT_EQ(theirs.applied_steps, 0);
+  bool differs = false;
+  for (const auto& [name, t] : theirs.tensors) differs = differs || t.values != own.tensors.at(name).values;
+  EXPECT_TRUE(differs) << "client-2 was given client-1's trained LoRA";
+
+  amaq::v1::ServerAdapter none;
+  EXPECT_EQ(fetch("", &none).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(fetch(kAdminToken, &none).error_code(), grpc::StatusCode::FAILED_PRECONDITION)
+      << "an operator who never joined has no adapter of its own";
 }
 
 }  // namespace

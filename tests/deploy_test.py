@@ -57,8 +57,8 @@ def port_of(address):
 
 
 def exported_metrics():
-    """Metric names amaq-server renders (server/main.cc, RenderMetrics)."""
-    with open(os.path.join(ROOT, "server", "main.cc")) as fh:
+    """Metric names amaq-server renders (server/prometheus_text.cc, PrometheusText)."""
+    with open(os.path.join(ROOT, "server", "prometheus_text.cc")) as fh:
         return set(re.findall(r'metric\("(amaq_[a-z_]+)"', fh.read()))
 
 

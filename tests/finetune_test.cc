@@ -8,6 +8,7 @@
 #include "common/model/batching.h"
 #include "common/model/checkpoint.h"
 #include "common/base/error.h"
+#include "common/model/decoders.h"
 #include "common/model/evaluate.h"
 #include "common/text/sentencepiece_tokenizer.h"
 #include "tiny_model.h"
@@ -155,7 +156,8 @@ TEST(Evaluate, AccuracyAndExactMatchCountCorrectly) {
     return torch::full({ids.size(0)}, k < walked.size() ? walked[k] : int64_t{2}, torch::kLong);
   };
   const std::vector<Example> gen = {{"past tense of walk:", "walked", -1}, {"past tense of go:", "went", -1}};
-  EXPECT_DOUBLE_EQ(ExactMatch(spell, encoder, gen, 8, 1), 0.5);
+  RecomputingDecoder decoder(spell);
+  EXPECT_DOUBLE_EQ(ExactMatch(decoder, encoder, gen, 8, 1), 0.5);
 }
 
 TEST(Finetune, ShortRunLowersTheLoss) {

@@ -65,4 +65,14 @@ struct NamedFloat {
 };
 using NamedFloats = std::map<std::string, NamedFloat>;
 
+// The server's half of a client's fine-tune: the LoRA of layers [cut, L) that trains with it.
+struct ServerAdapterInfo {
+  NamedFloats tensors;  // PEFT names without the base_model.model. prefix
+  bool shared = false;  // the one LoRA of every client (shared_lora)
+  int64_t lora_rank = 0;
+  double lora_alpha = 0;
+  std::vector<std::string> target_modules;
+  int64_t applied_steps = 0;  // this client's TRAIN steps in it
+};
+
 }  // namespace amaq

@@ -96,11 +96,18 @@ void SaveModel(ModelPart& whole, const std::string& dir, torch::Dtype dtype) {
 
 void SavePeftAdapter(const std::vector<ModelPart*>& parts, const LoraConfig& lora,
                      const std::string& base_model, const std::string& dir) {
+  NamedTensors weights;
+  for (ModelPart* part : parts) {
+    for (auto& named : (*part)->LoraParameters()) weights.push_back(named);
+  }
+  SaveLoraAsPeftAdapter(weights, lora, base_model, dir);
+}
+
+void SaveLoraAsPeftAdapter(const NamedTensors& lora_weights, const LoraConfig& lora, const std::string& base_model,
+                     const std::string& dir) {
   std::filesystem::create_directories(dir);
   NamedTensors tensors;
-  for (ModelPart* part : parts) {
-    for (auto& [name, tensor] : (*part)->LoraParameters()) tensors.emplace_back(kPeftPrefix + name, tensor);
-  }
+  for (const auto& [name, tensor] : lora_weights) tensors.emplace_back(kPeftPrefix + name, tensor);
   Require(!tensors.empty(), ErrorCode::kFailedPrecondition, "no LoRA weights to export: add adapters first");
   WriteSafetensors(Join(dir, "adapter_model.safetensors"), tensors, torch::kFloat, {{"format", "pt"}});
   const nlohmann::json config = {
@@ -113,6 +120,42 @@ void SavePeftAdapter(const std::vector<ModelPart*>& parts, const LoraConfig& lor
       {"revision", nullptr},
   };
   WriteFileAtomically(Join(dir, "adapter_config.json"), config.dump(2) + "\n");
+}
+
+LoraConfig ReadPeftAdapterConfig(const std::string& dir) {
+  const std::string path = Join(dir, "adapter_config.json");
+  Require(std::filesystem::exists(path), ErrorCode::kNotFound,
+          path + " not found: give the directory of a PEFT adapter (adapter_config.json + adapter_model.safetensors)");
+  std::ifstream in(path);
+  const nlohmann::json json = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  Require(json.is_object(), ErrorCode::kDataLoss, path + " is not a JSON object: export the adapter again");
+  LoraConfig lora;
+  try {
+    Require(json.value("peft_type", "LORA") == "LORA", ErrorCode::kInvalidArgument,
+            path + ": peft_type " + json.value("peft_type", "") + " is not LORA: only LoRA adapters load");
+    lora.rank = json.at("r").get<int64_t>();
+    lora.alpha = json.at("lora_alpha").get<double>();
+    lora.dropout = json.value("lora_dropout", 0.0);
+    const nlohmann::json& targets = json.at("target_modules");
+    lora.target_modules = targets.is_string() ? std::vector<std::string>{targets.get<std::string>()}
+                                              : targets.get<std::vector<std::string>>();
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(ErrorCode::kDataLoss, path + ": missing or mistyped field (" + std::string(e.what()) +
+                                          "): it needs r, lora_alpha and target_modules; export the adapter again");
+  }
+  lora.Validate();
+  return lora;
+}
+
+void CopyTokenizerFiles(const std::string& from, const std::string& to) {
+  std::filesystem::create_directories(to);
+  for (const char* name : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
+                           "vocab.json", "merges.txt"}) {
+    const std::filesystem::path source = std::filesystem::path(from) / name;
+    if (std::filesystem::exists(source)) {
+      std::filesystem::copy_file(source, std::filesystem::path(to) / name, std::filesystem::copy_options::overwrite_existing);
+    }
+  }
 }
 
 std::string ModelFingerprint(const std::string& dir, int64_t cut_layer, BaseWeights base_weights) {

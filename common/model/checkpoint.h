@@ -42,6 +42,15 @@ void SaveModel(ModelPart& whole, const std::string& dir, torch::Dtype dtype = to
 // Writes the LoRA weights of `parts` (e.g. a client's and a server's) as one PEFT adapter.
 void SavePeftAdapter(const std::vector<ModelPart*>& parts, const LoraConfig& lora,
                      const std::string& base_model, const std::string& dir);
+// The same from LoRA tensors under PEFT's names without the prefix (ModelPart::LoraParameters).
+void SaveLoraAsPeftAdapter(const NamedTensors& lora_weights, const LoraConfig& lora, const std::string& base_model,
+                     const std::string& dir);
+// The LoRA settings of an adapter directory's adapter_config.json (r, lora_alpha, lora_dropout,
+// target_modules). Throws amaq::Error (kNotFound, kDataLoss) naming the file and the field.
+LoraConfig ReadPeftAdapterConfig(const std::string& dir);
+// Copies the tokenizer files of model directory `from` (those present of tokenizer.json,
+// tokenizer.model, tokenizer_config.json, special_tokens_map.json, vocab.json, merges.txt) to `to`.
+void CopyTokenizerFiles(const std::string& from, const std::string& to);
 // XXH3 (hex) of config.json, the safetensors headers (tensor names, dtypes, shapes, offsets), the
 // cut layer and the base-weight format: client and server compare it to know they hold the same
 // base model, held alike, split at the same layer. It reads headers only, never the weights.

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "common/base/error.h"
+#include "common/model/decoders.h"
 
 namespace amaq {
 namespace {
@@ -62,29 +63,22 @@ double ClassificationAccuracy(const SequenceScorer& score, const ExampleEncoder&
   return static_cast<double>(correct) / static_cast<double>(examples.size());
 }
 
-double ExactMatch(const GreedyStep& step, const ExampleEncoder& encoder, const std::vector<Example>& examples,
+double ExactMatch(GreedyDecoder& decoder, const ExampleEncoder& encoder, const std::vector<Example>& examples,
                   int64_t max_new_tokens, int64_t batch_size) {
   if (examples.empty()) return 0.0;
   torch::NoGradGuard no_grad;
   int64_t correct = 0;
   for (size_t i = 0; i < examples.size(); i += static_cast<size_t>(batch_size)) {
     const std::vector<const Example*> chunk = Slice(examples, i, batch_size);
-    Batch b = encoder.MakeBatch(chunk, std::vector<uint64_t>(chunk.size(), 0), /*with_completion=*/false);
+    const Batch b = encoder.MakeBatch(chunk, std::vector<uint64_t>(chunk.size(), 0), /*with_completion=*/false);
     std::vector<std::vector<int64_t>> generated(chunk.size());
     std::vector<bool> done(chunk.size(), false);
-    torch::Tensor ids = b.ids, mask = b.mask;
+    torch::Tensor next = decoder.Start(b.ids, b.mask);
     for (int64_t t = 0; t < max_new_tokens; ++t) {
-      const torch::Tensor next = step(ids, mask);
-      // Append each row's token right after its last real token (rows are right-padded).
-      ids = torch::cat({ids, torch::zeros({ids.size(0), 1}, torch::kLong)}, 1);
-      mask = torch::cat({mask, torch::zeros({mask.size(0), 1}, torch::kLong)}, 1);
-      const torch::Tensor lengths = b.mask.sum(1) + t;
+      if (t > 0) next = decoder.Next(next);
       bool all_done = true;
       for (size_t r = 0; r < chunk.size(); ++r) {
         const int64_t token = next[static_cast<int64_t>(r)].item<int64_t>();
-        const int64_t at = lengths[static_cast<int64_t>(r)].item<int64_t>();
-        ids[static_cast<int64_t>(r)][at] = token;
-        mask[static_cast<int64_t>(r)][at] = 1;
         if (!done[r]) {
           if (token == encoder.eos_id()) {
             done[r] = true;

@@ -4,6 +4,8 @@
 //   SequenceScorer(batch)    -> [B, S] sum of log p(label token | prefix) over the positions with a
 //                               label, per row (S = 1) or per candidate segment of a packed row
 //   GreedyStep(ids, mask)    -> [B] the argmax next token after each row's last real token
+// Exact match decodes through a GreedyDecoder (decoders.h): a KV cache for a whole model, or the
+// GreedyStep again for every new token.
 #pragma once
 
 #include <torch/types.h>
@@ -14,6 +16,8 @@
 #include "common/model/batching.h"
 
 namespace amaq {
+
+class GreedyDecoder;
 
 using SequenceScorer = std::function<torch::Tensor(const Batch&)>;
 using GreedyStep = std::function<torch::Tensor(const torch::Tensor& ids, const torch::Tensor& mask)>;
@@ -34,7 +38,7 @@ double ClassificationAccuracy(const SequenceScorer& score, const ExampleEncoder&
                               const Dataset& dataset, const std::vector<Example>& examples,
                               int64_t batch_size, int64_t max_row_tokens);
 // Greedy decoding up to max_new_tokens or EOS; returns the share whose text equals the completion.
-double ExactMatch(const GreedyStep& step, const ExampleEncoder& encoder,
+double ExactMatch(GreedyDecoder& decoder, const ExampleEncoder& encoder,
                   const std::vector<Example>& examples, int64_t max_new_tokens, int64_t batch_size);
 // exp(mean negative log-likelihood per labelled token) over the batches.
 double Perplexity(const SequenceScorer& score, const std::vector<Batch>& batches);

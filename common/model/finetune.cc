@@ -11,6 +11,7 @@
 #include "common/model/batching.h"
 #include "common/model/checkpoint.h"
 #include "common/base/error.h"
+#include "common/model/decoders.h"
 #include "common/model/evaluate.h"
 #include "common/model/model.h"
 #include "common/base/progress.h"
@@ -74,10 +75,8 @@ FinetuneResult FinetuneLocal(const Dataset& dataset, const FinetuneOptions& o) {
     const SequenceScorer score = [&](const Batch& b) { return SequenceLogProbs(model(b.ids, b.mask), b.labels, b.mask); };
     result.metric = ClassificationAccuracy(score, encoder, dataset, eval, o.eval_batch, config.max_position_embeddings);
   } else {
-    const GreedyStep step = [&](const torch::Tensor& ids, const torch::Tensor& mask) {
-      return LastTokenArgmax(model(ids, mask), mask);
-    };
-    result.metric = ExactMatch(step, encoder, eval, 12, o.eval_batch);
+    CachedDecoder decoder(model);
+    result.metric = ExactMatch(decoder, encoder, eval, 12, o.eval_batch);
   }
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   if (o.progress) progress.Finish((dataset.is_classification() ? "accuracy " : "exact match ") + std::to_string(result.metric));

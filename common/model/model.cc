@@ -74,13 +74,21 @@ AttentionImpl::AttentionImpl(const ModelConfig& c, BaseWeights format)
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const Rotary& rotary,
-                                     const torch::Tensor& mask) {
+                                     const torch::Tensor& mask, LayerKv* cache) {
   const int64_t b = x.size(0), t = x.size(1);
   torch::Tensor q = q_proj(x).view({b, t, heads, head_dim}).transpose(1, 2);
   torch::Tensor k = k_proj(x).view({b, t, kv_heads, head_dim}).transpose(1, 2);
   torch::Tensor v = v_proj(x).view({b, t, kv_heads, head_dim}).transpose(1, 2);
   q = ApplyRotary(q, rotary);
   k = ApplyRotary(k, rotary);
+  if (cache) {
+    if (cache->keys.defined()) {
+      k = torch::cat({cache->keys, k}, 2);
+      v = torch::cat({cache->values, v}, 2);
+    }
+    cache->keys = k;
+    cache->values = v;
+  }
   if (kv_heads != heads) {  // grouped-query attention: each kv head serves heads / kv_heads queries
     k = k.repeat_interleave(heads / kv_heads, 1);
     v = v.repeat_interleave(heads / kv_heads, 1);
@@ -110,8 +118,8 @@ DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c, BaseWeights format) {
 }
 
 torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const Rotary& rotary,
-                                        const torch::Tensor& mask) {
-  const torch::Tensor h = x + self_attn(input_layernorm(x), rotary, mask);
+                                        const torch::Tensor& mask, LayerKv* cache) {
+  const torch::Tensor h = x + self_attn(input_layernorm(x), rotary, mask, cache);
   return h + mlp(post_attention_layernorm(h));
 }
 
@@ -161,25 +169,35 @@ Rotary ModelPartImpl::RotaryFor(const torch::Tensor& m, const torch::Tensor& sam
   // ones; a candidate segment's tokens continue from the context before them (model.h).
   const torch::Tensor context = (m == 1).to(torch::kLong).cumsum(1);
   const torch::Tensor same_segment_before = (same_segment & future.t()).sum(2);  // earlier tokens of i's segment
-  const torch::Tensor positions = torch::where(m >= 2, context + same_segment_before, (context - 1).clamp_min(0));
+  return RotaryAt(torch::where(m >= 2, context + same_segment_before, (context - 1).clamp_min(0)), dtype);
+}
+
+Rotary ModelPartImpl::RotaryAt(const torch::Tensor& positions, torch::Dtype dtype) const {
   const torch::Tensor angles = positions.unsqueeze(-1).to(torch::kFloat) * inv_freq_;  // [B, T, D/2]
   const torch::Tensor emb = torch::cat({angles, angles}, -1).unsqueeze(1);             // [B, 1, T, D]
   return {emb.cos().to(dtype), emb.sin().to(dtype)};
+}
+
+torch::Tensor ModelPartImpl::Embed(const torch::Tensor& input) {
+  if (spec_.embed) {
+    Require(input.dim() == 2, ErrorCode::kInvalidArgument, "a part with the embedding takes token ids [batch, tokens]");
+    return embed_frozen ? embed_frozen->Rows(input, compute_dtype_) : embed_tokens(input);
+  }
+  Require(input.dim() == 3 && input.size(2) == config_.hidden_size, ErrorCode::kInvalidArgument,
+          "this part takes hidden states [batch, tokens, " + std::to_string(config_.hidden_size) + "]");
+  return input;
+}
+
+torch::Tensor ModelPartImpl::Head(const torch::Tensor& x) {
+  if (!spec_.head) return x;
+  return head_frozen ? head_frozen->Linear(norm(x)) : torch::matmul(norm(x), lm_head.t());
 }
 
 torch::Tensor ModelPartImpl::forward(const torch::Tensor& input, const torch::Tensor& attention_mask) {
   Require(attention_mask.dim() == 2 && attention_mask.size(0) == input.size(0) &&
               attention_mask.size(1) == input.size(1),
           ErrorCode::kInvalidArgument, "attention_mask must be [batch, tokens] like the input");
-  torch::Tensor x;
-  if (spec_.embed) {
-    Require(input.dim() == 2, ErrorCode::kInvalidArgument, "a part with the embedding takes token ids [batch, tokens]");
-    x = embed_frozen ? embed_frozen->Rows(input, compute_dtype_) : embed_tokens(input);
-  } else {
-    Require(input.dim() == 3 && input.size(2) == config_.hidden_size, ErrorCode::kInvalidArgument,
-            "this part takes hidden states [batch, tokens, " + std::to_string(config_.hidden_size) + "]");
-    x = input;
-  }
+  torch::Tensor x = Embed(input);
   if (!layers.empty()) {
     // Token i sees token j <= i when j is context, or j is in i's own candidate segment.
     const int64_t t = x.size(1);
@@ -193,8 +211,32 @@ torch::Tensor ModelPartImpl::forward(const torch::Tensor& input, const torch::Te
     const bool recompute = recompute_layers_ && torch::GradMode::is_enabled();
     for (auto& layer : layers) x = recompute ? ForwardRecomputed(*layer, x, rotary, mask) : layer(x, rotary, mask);
   }
-  if (spec_.head) x = head_frozen ? head_frozen->Linear(norm(x)) : torch::matmul(norm(x), lm_head.t());
-  return x;
+  return Head(x);
+}
+
+torch::Tensor ModelPartImpl::ForwardCached(const torch::Tensor& input, const torch::Tensor& attention_mask,
+                                           KvCache& cache) {
+  Require(attention_mask.dim() == 2 && attention_mask.size(0) == input.size(0) &&
+              attention_mask.size(1) == input.size(1) && attention_mask.max().item<int64_t>() <= 1,
+          ErrorCode::kInvalidArgument, "attention_mask must be [batch, tokens] of 1 (token) and 0 (padding)");
+  Require(cache.length() == 0 || cache.seen.size(0) == input.size(0), ErrorCode::kInvalidArgument,
+          "the cache holds " + std::to_string(cache.length() == 0 ? 0 : cache.seen.size(0)) + " sequences, the input " +
+              std::to_string(input.size(0)) + ": start a new KvCache for another batch");
+  torch::Tensor x = Embed(input);
+  const int64_t t = x.size(1), past = cache.length();
+  const torch::Tensor m = attention_mask.to(x.device(), torch::kLong);
+  const torch::Tensor seen = past == 0 ? m : torch::cat({cache.seen, m}, 1);  // [B, past + t]
+  // Positions count the tokens before, as forward() does: the tokens seen plus these, minus one.
+  const torch::Tensor positions = (seen.cumsum(1) - 1).clamp_min(0).slice(1, past);
+  // New token i sees key j when j is a token and j <= past + i.
+  const torch::Tensor later = torch::ones({t, past + t}, torch::kBool).triu(past + 1).to(x.device());
+  const torch::Tensor mask = torch::zeros({x.size(0), 1, t, past + t}, x.options().dtype(torch::kFloat))
+                                 .masked_fill_(later | (seen == 0).unsqueeze(1).unsqueeze(1), kMaskedScore);
+  const Rotary rotary = RotaryAt(positions, x.scalar_type());
+  cache.layers.resize(layers.size());
+  for (size_t i = 0; i < layers.size(); ++i) x = layers[i](x, rotary, mask, &cache.layers[i]);
+  cache.seen = seen;
+  return Head(x);
 }
 
 template <typename Fn>

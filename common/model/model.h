@@ -45,10 +45,28 @@ struct Rotary {
   torch::Tensor cos, sin;
 };
 
+// Keys and values one attention layer has computed (after rotary, before grouped-query repeat):
+// [B, kv_heads, T_seen, head_dim] each; undefined before the first token.
+struct LayerKv {
+  torch::Tensor keys, values;
+};
+
+// What a part has seen of a sequence, for incremental decoding (ModelPart::ForwardCached): each
+// layer's keys and values and the mask of the tokens seen ([B, T_seen], 1 token, 0 padding).
+// Starts empty; owned by the caller and valid for one part and one batch of sequences.
+struct KvCache {
+  std::vector<LayerKv> layers;
+  torch::Tensor seen;
+  int64_t length() const { return seen.defined() ? seen.size(1) : 0; }
+};
+
 class AttentionImpl : public torch::nn::Module {
  public:
   AttentionImpl(const ModelConfig& config, BaseWeights format);
-  torch::Tensor forward(const torch::Tensor& x, const Rotary& rotary, const torch::Tensor& mask);
+  // `cache` (may be null): keys and values of earlier tokens, extended by this call's; `mask` then
+  // spans the cached tokens and these ([B, 1, t, T_seen + t]).
+  torch::Tensor forward(const torch::Tensor& x, const Rotary& rotary, const torch::Tensor& mask,
+                        LayerKv* cache = nullptr);
   LoraLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   int64_t heads, kv_heads, head_dim;
 };
@@ -65,7 +83,8 @@ TORCH_MODULE(Mlp);
 class DecoderLayerImpl : public torch::nn::Module {
  public:
   DecoderLayerImpl(const ModelConfig& config, BaseWeights format);
-  torch::Tensor forward(const torch::Tensor& x, const Rotary& rotary, const torch::Tensor& mask);
+  torch::Tensor forward(const torch::Tensor& x, const Rotary& rotary, const torch::Tensor& mask,
+                        LayerKv* cache = nullptr);
   // The seven projections under their paths within the layer ("self_attn.q_proj", ...).
   std::vector<std::pair<std::string, LoraLinear>> Projections();
   Attention self_attn{nullptr};
@@ -113,6 +132,11 @@ class ModelPartImpl : public torch::nn::Module {
   // context + segment alone would. Returns logits [B, T, V] when the part has the head, else
   // hidden states [B, T, H].
   torch::Tensor forward(const torch::Tensor& input, const torch::Tensor& attention_mask);
+  // Incremental forward for decoding: `input` [B, t] continues the sequences `cache` holds (empty:
+  // a prefill), attention_mask [B, t] is 1 for tokens and 0 for padding (no candidate segments),
+  // and the cache grows by these t tokens. Row p of the output equals row T_seen + p of forward()
+  // over everything seen so far, so a prompt may be left-padded and then extended token by token.
+  torch::Tensor ForwardCached(const torch::Tensor& input, const torch::Tensor& attention_mask, KvCache& cache);
 
   // Base tensors under their Hugging Face names; a tied head appears as lm_head.weight when the
   // part holds it dense (the embedding's tensor), not when compact (it is the embedding's form).
@@ -158,6 +182,9 @@ class ModelPartImpl : public torch::nn::Module {
   // [T, T] (j > i) masks.
   Rotary RotaryFor(const torch::Tensor& m, const torch::Tensor& same_segment, const torch::Tensor& future,
                    torch::Dtype dtype) const;
+  Rotary RotaryAt(const torch::Tensor& positions, torch::Dtype dtype) const;  // positions [B, T]
+  torch::Tensor Embed(const torch::Tensor& input);  // ids or hidden states in, hidden states out
+  torch::Tensor Head(const torch::Tensor& x);       // the final norm and lm_head, if this part has them
   template <typename Fn>
   void ForEachLinear(Fn fn);
 

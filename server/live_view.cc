@@ -1,0 +1,92 @@
+#include "server/live_view.h"
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+
+namespace amaq::server {
+namespace {
+
+// Steps per second over the curve's last minute (0 with fewer than two points in it).
+double StepsPerSecond(const std::vector<RunHistory::StepPoint>& curve) {
+  if (curve.size() < 2) return 0;
+  const RunHistory::StepPoint& last = curve.back();
+  size_t first = curve.size() - 1;
+  while (first > 0 && last.seconds - curve[first - 1].seconds <= 60) --first;
+  if (first == curve.size() - 1) first = curve.size() - 2;
+  const double seconds = last.seconds - curve[first].seconds;
+  return seconds > 0 ? static_cast<double>(last.step - curve[first].step) / seconds : 0;
+}
+
+nlohmann::json CurveJson(const std::vector<RunHistory::StepPoint>& curve) {
+  nlohmann::json step = nlohmann::json::array(), seconds = step, loss = step, bits = step, up = step, down = step;
+  for (const auto& p : curve) {
+    step.push_back(p.step);
+    seconds.push_back(p.seconds);
+    loss.push_back(p.loss);
+    bits.push_back(p.average_bits);
+    up.push_back(static_cast<double>(p.bytes_up) / 1e6);
+    down.push_back(static_cast<double>(p.bytes_down) / 1e6);
+  }
+  return {{"step", step}, {"seconds", seconds}, {"loss", loss}, {"average_bits", bits}, {"mb_up", up}, {"mb_down", down}};
+}
+
+nlohmann::json MetricsJson(const std::vector<RunHistory::MetricPoint>& metrics) {
+  nlohmann::json step = nlohmann::json::array(), seconds = step, value = step;
+  for (const auto& p : metrics) {
+    step.push_back(p.step);
+    seconds.push_back(p.seconds);
+    value.push_back(p.value);
+  }
+  return {{"step", step}, {"seconds", seconds}, {"value", value}};
+}
+
+}  // namespace
+
+std::string LiveStatusJson(const SplitTrainingService& service, double uptime_seconds) {
+  const SplitServer& server = service.server();
+  const auto stats = server.Stats();
+  const auto traffic = service.traffic();
+  const auto history = server.history().Snapshot();
+  nlohmann::json clients = nlohmann::json::array();
+  for (const auto& [id, s] : stats) {
+    const auto t = traffic.find(id);
+    const auto h = history.find(id);
+    const RunHistory::Client empty;
+    const RunHistory::Client& run = h == history.end() ? empty : h->second;
+    nlohmann::json widths = nlohmann::json::object();
+    for (const auto& [bits, share] : run.width_shares) widths[std::to_string(bits)] = share;
+    clients.push_back({{"id", id},
+                       {"method", s.method},
+                       {"connected", t != traffic.end() && t->second.connected},
+                       {"steps", s.steps},
+                       {"last_loss", s.last_loss},
+                       {"average_bits", s.average_bits},
+                       {"bytes_up", t == traffic.end() ? 0 : t->second.bytes_up},
+                       {"bytes_down", t == traffic.end() ? 0 : t->second.bytes_down},
+                       {"steps_per_second", StepsPerSecond(run.steps)},
+                       {"width_shares", widths},
+                       {"metric_name", run.metric_name},
+                       {"curve", CurveJson(run.steps)},
+                       {"metrics", MetricsJson(run.metrics)}});
+  }
+  const nlohmann::json status = {{"server_id", service.options().server_id},
+                                 {"device", server.device()},
+                                 {"uptime_seconds", uptime_seconds},
+                                 {"clients", clients}};
+  return status.dump();
+}
+
+std::map<std::string, HttpPage> LiveViewPages(const SplitTrainingService& service) {
+  const auto started = std::chrono::steady_clock::now();
+  return {
+      {"/", {"text/html; charset=utf-8", [] { return LiveViewHtml(); }, /*needs_token=*/false}},
+      {"/api/status",
+       {"application/json",
+        [&service, started] {
+          return LiveStatusJson(service, std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+        }}},
+  };
+}
+
+}  // namespace amaq::server

@@ -1,0 +1,35 @@
+#include "server/prometheus_text.h"
+
+#include <sstream>
+
+namespace amaq::server {
+
+std::string PrometheusText(const SplitTrainingService& service) {
+  std::ostringstream out;
+  const auto stats = service.server().Stats();
+  const auto traffic = service.traffic();
+  const auto metric = [&](const char* name, const char* type, const char* help) {
+    out << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
+  };
+  metric("amaq_bytes_up_total", "counter", "Protobuf bytes received from the client");
+  for (const auto& [id, t] : traffic) out << "amaq_bytes_up_total{client=\"" << id << "\"} " << t.bytes_up << "\n";
+  metric("amaq_bytes_down_total", "counter", "Protobuf bytes sent to the client");
+  for (const auto& [id, t] : traffic) out << "amaq_bytes_down_total{client=\"" << id << "\"} " << t.bytes_down << "\n";
+  metric("amaq_steps_total", "counter", "Training steps applied");
+  for (const auto& [id, s] : stats) out << "amaq_steps_total{client=\"" << id << "\"} " << s.steps << "\n";
+  metric("amaq_loss", "gauge", "Loss of the last training step");
+  for (const auto& [id, s] : stats) out << "amaq_loss{client=\"" << id << "\"} " << s.last_loss << "\n";
+  metric("amaq_average_bits", "gauge", "Average bits of the last activation received");
+  for (const auto& [id, s] : stats) out << "amaq_average_bits{client=\"" << id << "\"} " << s.average_bits << "\n";
+  metric("amaq_step_seconds", "gauge", "Server time of the last training step");
+  for (const auto& [id, s] : stats) out << "amaq_step_seconds{client=\"" << id << "\"} " << s.last_step_seconds << "\n";
+  metric("amaq_connected", "gauge", "1 while the client's step stream is open");
+  for (const auto& [id, t] : traffic) out << "amaq_connected{client=\"" << id << "\"} " << (t.connected ? 1 : 0) << "\n";
+  metric("amaq_open_streams", "gauge", "Step streams open now");
+  out << "amaq_open_streams " << service.open_streams() << "\n";
+  metric("amaq_checkpoint_failures_total", "counter", "Periodic checkpoints that failed (the previous one stays)");
+  out << "amaq_checkpoint_failures_total " << service.server().checkpoint_failures() << "\n";
+  return out.str();
+}
+
+}  // namespace amaq::server

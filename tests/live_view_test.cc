@@ -1,0 +1,112 @@
+// The server's live view: /api/status follows a run over gRPC, and the page draws it in a browser.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "http_get.h"
+#include "network_fixture.h"
+#include "server/live_view.h"
+#include "server/metrics_http.h"
+
+namespace amaq {
+namespace {
+
+using testing::GetMetrics;
+using testing::Network;
+
+constexpr char kMetricsToken[] = "live-view-token-0123456789";
+
+class LiveView : public Network {
+ protected:
+  // A server, its live view behind kMetricsToken, and client-1's run of 4 steps evaluated after 2.
+  void RunClient() {
+    StartServer();
+    server::MetricsOptions m;
+    m.listen = "0";
+    m.token = kMetricsToken;
+    http_ = std::make_unique<server::MetricsHttp>(m, server::LiveViewPages(*service_));
+    client::GrpcTransport transport(ClientTransport(testing::kToken1, port_));
+    client::ClientOptions o = ClientFor("client-1", "fixed:4:channel", 4);
+    o.eval_every = 2;
+    client::SplitClient c(o, testing::ParityDataset(16), transport);
+    c.Run();
+  }
+  void TearDown() override {
+    http_.reset();
+    Network::TearDown();
+  }
+  std::unique_ptr<server::MetricsHttp> http_;
+};
+
+TEST_F(LiveView, StatusFollowsTheRun) {
+  RunClient();
+  std::string body;
+  ASSERT_EQ(GetMetrics(http_->port(), kMetricsToken, &body, "/api/status"), 200);
+  const nlohmann::json status = nlohmann::json::parse(body);
+  ASSERT_EQ(status["clients"].size(), 1u);
+  const nlohmann::json& c = status["clients"][0];
+  EXPECT_EQ(c["id"], "client-1");
+  EXPECT_EQ(c["method"], quant::Method::Parse("fixed:4:channel")->ToString());
+  EXPECT_EQ(c["steps"], 4);
+  EXPECT_EQ(c["curve"]["step"], nlohmann::json({0, 1, 2, 3}));
+  EXPECT_EQ(c["curve"]["loss"].size(), 4u);
+  const std::vector<double> up = c["curve"]["mb_up"];
+  EXPECT_TRUE(std::is_sorted(up.begin(), up.end()) && up.front() > 0) << "codec MB so far grow";
+  EXPECT_EQ(c["width_shares"], nlohmann::json({{"4", 1.0}}));
+  EXPECT_EQ(c["metric_name"], "accuracy");
+  EXPECT_EQ(c["metrics"]["step"], nlohmann::json({2, 4}));
+  EXPECT_GT(c["bytes_up"].get<uint64_t>(), 0u);
+
+  EXPECT_EQ(GetMetrics(http_->port(), "", &body, "/api/status"), 401) << "the data needs the metrics token";
+  ASSERT_EQ(GetMetrics(http_->port(), "", &body, "/"), 200) << "the page holds no data: it needs none";
+  EXPECT_NE(body.find("<canvas id=\"loss\""), std::string::npos);
+  EXPECT_EQ(body.find("http://"), std::string::npos) << "no outside assets";
+  EXPECT_EQ(body.find("https://"), std::string::npos) << "no outside assets";
+}
+
+// What a person sees: headless Chromium opens the page with the token in its address, the
+// script polls /api/status and draws; the DOM lists the client and the screenshot is not blank.
+TEST_F(LiveView, ThePageDrawsTheRunInABrowser) {
+  if (std::system("command -v chromium >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "chromium is not installed (scripts/setup installs it): the page was not opened in a browser";
+  }
+  RunClient();
+  const std::string dir = testing::TempDir("live-view-browser");
+  const char* wanted = std::getenv("AMAQ_LIVE_VIEW_SCREENSHOT");
+  const std::string screenshot = wanted ? wanted : dir + "/live-view.png";
+  const std::string url = "http://127.0.0.1:" + std::to_string(http_->port()) + "/#token=" + kMetricsToken;
+  const std::string chromium = "chromium --headless --no-sandbox --disable-gpu --disable-dev-shm-usage --hide-scrollbars "
+                               "--user-data-dir=" + dir + "/profile --window-size=1000,900 --virtual-time-budget=6000 ";
+  const int dumped = std::system((chromium + "--dump-dom '" + url + "' >" + dir + "/dom.html 2>" + dir + "/chromium.log").c_str());
+  std::ifstream in(dir + "/dom.html");
+  std::stringstream dom;
+  dom << in.rdbuf();
+  if (dumped != 0 && dom.str().empty()) {
+    std::ifstream log(dir + "/chromium.log");
+    std::stringstream why;
+    why << log.rdbuf();
+    GTEST_SKIP() << "chromium cannot start here: " << why.str().substr(0, 600);
+  }
+  EXPECT_NE(dom.str().find("data-drawn=\"1\""), std::string::npos) << dom.str().substr(0, 2000);
+  EXPECT_NE(dom.str().find("<td>client-1</td>"), std::string::npos) << "the client is listed";
+  EXPECT_NE(dom.str().find("<div id=\"error\"></div>"), std::string::npos) << "the token in the address was accepted";
+
+  ASSERT_EQ(std::system((chromium + "--screenshot=" + screenshot + " '" + url + "' >>" + dir + "/chromium.log 2>&1").c_str()), 0);
+  // Not blank: the curves, bars and text give the picture many distinct colours.
+  const std::string count = "/usr/bin/python3 -c \"import sys, numpy, matplotlib.image as m; p = m.imread(sys.argv[1]); "
+                            "print(len(numpy.unique((p[..., :3] * 255).astype(int).reshape(-1, 3), axis=0)))\" " +
+                            screenshot + " >" + dir + "/colours";
+  ASSERT_EQ(std::system(count.c_str()), 0);
+  int colours = 0;
+  std::ifstream(dir + "/colours") >> colours;
+  EXPECT_GT(colours, 20) << screenshot;
+}
+
+}  // namespace
+}  // namespace amaq
