@@ -115,6 +115,7 @@ int64_t GrpcTransport::Join(const JoinInfo& info) {
   message_up_ += FramedBytes(request);
   message_down_ += FramedBytes(reply);
   if (reply.max_chunk_bytes() > 0) max_chunk_bytes_ = reply.max_chunk_bytes();
+  server_decode_cache_ = reply.decode_cache();
   return reply.last_applied_step();
 }
 
@@ -164,40 +165,36 @@ StepResult GrpcTransport::Step(const StepInput& input) {
   return result;
 }
 
+template <typename Request, typename Reply, typename Rpc>
+void GrpcTransport::Unary(const std::string& what, const Request& request, Reply* reply, Rpc rpc) {
+  grpc::ClientContext context;
+  AuthorizeCall(&context);
+  const grpc::Status status = rpc(&context);
+  if (!status.ok()) throw ToError(status, what);
+  message_up_ += FramedBytes(request);
+  message_down_ += FramedBytes(*reply);
+}
+
 NamedFloats GrpcTransport::SyncAdapters(const NamedFloats& adapter) {
   amaq::v1::AdapterUpload request;
   ToNamedTensors(adapter, request.mutable_tensors());
   amaq::v1::AdapterAverage reply;
-  grpc::ClientContext context;
-  AuthorizeCall(&context);
-  const grpc::Status status = stub_->SyncAdapters(&context, request, &reply);
-  if (!status.ok()) throw ToError(status, "averaging adapters");
-  message_up_ += FramedBytes(request);
-  message_down_ += FramedBytes(reply);
+  Unary("averaging adapters", request, &reply, [&](grpc::ClientContext* c) { return stub_->SyncAdapters(c, request, &reply); });
   return FromNamedTensors(reply.tensors());
 }
 
 ServerAdapterInfo GrpcTransport::FetchAdapter() {
   const amaq::v1::AdapterRequest request;
   amaq::v1::ServerAdapter reply;
-  grpc::ClientContext context;
-  AuthorizeCall(&context);
-  const grpc::Status status = stub_->FetchAdapter(&context, request, &reply);
-  if (!status.ok()) throw ToError(status, "fetching the server's adapter");
-  message_up_ += FramedBytes(request);
-  message_down_ += FramedBytes(reply);
+  Unary("fetching the server's adapter", request, &reply,
+        [&](grpc::ClientContext* c) { return stub_->FetchAdapter(c, request, &reply); });
   return FromServerAdapterMessage(reply);
 }
 
 void GrpcTransport::ReportMetric(int64_t step, const std::string& name, double value) {
   const amaq::v1::MetricReport request = MetricReportMessage(step, name, value);
   amaq::v1::MetricAck reply;
-  grpc::ClientContext context;
-  AuthorizeCall(&context);
-  const grpc::Status status = stub_->ReportMetric(&context, request, &reply);
-  if (!status.ok()) throw ToError(status, "reporting the metric");
-  message_up_ += FramedBytes(request);
-  message_down_ += FramedBytes(reply);
+  Unary("reporting the metric", request, &reply, [&](grpc::ClientContext* c) { return stub_->ReportMetric(c, request, &reply); });
 }
 
 uint64_t GrpcTransport::bytes_up() const { return relay_ ? relay_->bytes_up() : message_up_; }

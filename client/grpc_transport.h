@@ -36,6 +36,7 @@ class GrpcTransport : public Transport {
   NamedFloats SyncAdapters(const NamedFloats& adapter) override;
   ServerAdapterInfo FetchAdapter() override;
   void ReportMetric(int64_t step, const std::string& name, double value) override;
+  bool server_decodes_with_cache() const override { return server_decode_cache_; }
   uint64_t bytes_up() const override;
   uint64_t bytes_down() const override;
   // The relay in front of the channel (null without metering): tests use it to break the link.
@@ -44,6 +45,10 @@ class GrpcTransport : public Transport {
  private:
   void Authorize(grpc::ClientContext* context) const;
   void AuthorizeCall(grpc::ClientContext* context) const;  // a unary call: also its deadline
+  // One authorized unary call `rpc(context)` of `request` and *reply, counting their bytes; throws
+  // the status as amaq::Error naming `what`.
+  template <typename Request, typename Reply, typename Rpc>
+  void Unary(const std::string& what, const Request& request, Reply* reply, Rpc rpc);
   void Connect();  // a fresh channel to target_
   void CloseStream();
 
@@ -57,6 +62,7 @@ class GrpcTransport : public Transport {
   std::unique_ptr<grpc::ClientContext> stream_context_;
   std::unique_ptr<grpc::ClientReaderWriter<amaq::v1::StepRequest, amaq::v1::StepReply>> stream_;
   int max_chunk_bytes_ = 1 << 20;
+  bool server_decode_cache_ = false;  // from the last JoinReply (older servers: false)
   uint64_t message_up_ = 0, message_down_ = 0;  // gRPC messages' bytes (FramedBytes), when not metering
 };
 

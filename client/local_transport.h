@@ -29,6 +29,7 @@ class LocalTransport : public Transport {
     reply.set_last_applied_step(last);
     reply.set_server_id(server_id_);
     reply.set_max_chunk_bytes(static_cast<int32_t>(max_chunk_bytes_));
+    reply.set_decode_cache(true);
     up_ += FramedBytes(JoinRequestOf(info));
     down_ += FramedBytes(reply);
     return last;

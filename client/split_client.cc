@@ -191,16 +191,22 @@ StepRecord SplitClient::TrainStep(int64_t step) {
 double SplitClient::Evaluate() {
   torch::NoGradGuard no_grad;
   part_->eval();
-  const auto remote = [&](const torch::Tensor& ids, const torch::Tensor& mask, const torch::Tensor& labels, StepKind kind) {
-    const int64_t rows = ids.size(0) * ids.size(1);
+  // The client part's output [B, T, H] to the server, as an evaluation step of `kind`.
+  const auto send = [&](const torch::Tensor& hidden, const torch::Tensor& mask, const torch::Tensor& labels, StepKind kind,
+                        DecodeCache cache) {
+    const int64_t rows = hidden.size(0) * hidden.size(1);
     StepInput input;
     input.kind = kind;
-    input.batch = ids.size(0);
-    input.tokens = ids.size(1);
+    input.cache = cache;
+    input.batch = hidden.size(0);
+    input.tokens = hidden.size(1);
     input.mask = Flat(mask);
     input.labels = labels.defined() ? Flat(labels) : std::vector<int32_t>(static_cast<size_t>(rows), -100);
-    input.activation = codec_->EncodeEvaluation(part_(ids, mask).reshape({rows, config_.hidden_size}));
+    input.activation = codec_->EncodeEvaluation(hidden.reshape({rows, config_.hidden_size}));
     return Exchange(input);
+  };
+  const auto remote = [&](const torch::Tensor& ids, const torch::Tensor& mask, const torch::Tensor& labels, StepKind kind) {
+    return send(part_(ids, mask), mask, labels, kind, DecodeCache::kNone);
   };
   const std::vector<Example> examples(data_.validation.begin(),
                                       data_.validation.begin() + std::min<int64_t>(options_.eval_examples, data_.validation.size()));
@@ -214,11 +220,17 @@ double SplitClient::Evaluate() {
     };
     return ClassificationAccuracy(score, *encoder_, data_, examples, options_.eval_batch, config_.max_position_embeddings);
   }
-  const GreedyStep step = [&](const torch::Tensor& ids, const torch::Tensor& mask) {
-    const StepResult r = remote(ids, mask, torch::Tensor(), StepKind::kNextToken);
-    return torch::tensor(r.next_tokens, torch::kLong);
-  };
-  RecomputingDecoder decoder(step);  // the server holds no KV cache: each token runs the sequences again
+  if (transport_.server_decodes_with_cache()) {
+    // Both sides keep their keys and values: a new token crosses the cut as one row per sequence.
+    CachedDecoder decoder(part_, [&](const torch::Tensor& hidden, const torch::Tensor& mask, bool start) {
+      const StepResult r = send(hidden, mask, torch::Tensor(), StepKind::kNextToken, start ? DecodeCache::kStart : DecodeCache::kExtend);
+      return torch::tensor(r.next_tokens, torch::kLong);
+    });
+    return ExactMatch(decoder, *encoder_, examples, 12, options_.eval_batch);
+  }
+  RecomputingDecoder decoder([&](const torch::Tensor& ids, const torch::Tensor& mask) {  // an older server
+    return torch::tensor(remote(ids, mask, torch::Tensor(), StepKind::kNextToken).next_tokens, torch::kLong);
+  });
   return ExactMatch(decoder, *encoder_, examples, 12, options_.eval_batch);
 }
 

@@ -40,6 +40,7 @@ std::vector<v1::StepRequest> StepRequests(const StepInput& input, size_t max_chu
       r.set_tokens(static_cast<int32_t>(input.tokens));
       *r.mutable_attention_mask() = {input.mask.begin(), input.mask.end()};
       *r.mutable_labels() = {input.labels.begin(), input.labels.end()};
+      r.set_cache(static_cast<v1::StepRequest::DecodeCache>(input.cache));
     }
     SetChunk(&r, input.activation, i, count, max_chunk_bytes);
   }

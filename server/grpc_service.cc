@@ -325,6 +325,7 @@ grpc::ServerUnaryReactor* SplitTrainingService::Join(grpc::CallbackServerContext
     reply->set_last_applied_step(last);
     reply->set_server_id(options_.server_id);
     reply->set_max_chunk_bytes(options_.max_chunk_bytes);
+    reply->set_decode_cache(true);
     CountTraffic(request->client_id(), request->ByteSizeLong(), reply->ByteSizeLong());
   } catch (const std::exception& e) {
     status = ToStatus(e);

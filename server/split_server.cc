@@ -35,6 +35,9 @@ struct SplitServer::Session {
   torch::Tensor last_gradient;              // fp32, CPU, [rows, hidden]
   Clock::time_point last_step_at{};         // of the last applied TRAIN step
   ClientStats stats;
+  // NEXT_TOKEN steps with a decoding cache: the server part's keys and values of the sequences
+  // being decoded (started by START_CACHE; dropped by any other step, a rejoin, or a failure).
+  std::unique_ptr<KvCache> decode_cache;
 };
 
 namespace {
@@ -143,6 +146,7 @@ int64_t SplitServer::Join(const std::string& client_id, const std::string& finge
   if (!s.codec) s.codec = parsed->MakeServerCodec(CodecContextFor(client_id));
   s.method_text = canonical;
   s.codec->Reset();  // a (re)joining client starts fresh codec streams; AQ-SGD caches survive
+  s.decode_cache.reset();
   spdlog::info("client {} joined: method {}, last applied step {}", client_id, s.method_text, s.last_applied);
   return s.last_applied;
 }
@@ -166,6 +170,7 @@ StepResult SplitServer::Step(const std::string& client_id, const StepInput& in) 
   std::lock_guard<std::mutex> lock(mutex_);
   const auto started = Clock::now();
   Session& s = SessionOf(client_id);
+  if (in.cache == DecodeCache::kNone) s.decode_cache.reset();
   CheckStepFields(in, step_limits());
   if (std::optional<StepResult> stored = AnswerRetry(s, in)) return *stored;
   const bool replay = Admit(s, in, started);
@@ -233,10 +238,16 @@ StepResult SplitServer::Evaluate(Session& s, const StepInput& in, const torch::T
   Activate(s.own ? *s.own : *shared_);
   part_->eval();
   const torch::Tensor mask = StepTensor(in.mask, in, device_);
-  const torch::Tensor logits = part_(activation.to(device_, part_->compute_dtype()), mask);
+  const torch::Tensor x = activation.to(device_, part_->compute_dtype());
   StepResult result;
   result.step_id = in.step_id;
   result.average_bits = s.stats.average_bits;
+  if (in.cache != DecodeCache::kNone) {
+    const torch::Tensor next = NextTokensCached(s, in, x, mask).to(torch::kCPU).contiguous();
+    result.next_tokens.assign(next.data_ptr<int64_t>(), next.data_ptr<int64_t>() + next.numel());
+    return result;
+  }
+  const torch::Tensor logits = part_(x, mask);
   if (in.kind == StepKind::kScore) {
     const torch::Tensor labels = StepTensor(in.labels, in, device_);
     const torch::Tensor scores = SequenceLogProbs(logits, labels, mask).to(torch::kCPU, torch::kFloat).contiguous();
@@ -246,6 +257,28 @@ StepResult SplitServer::Evaluate(Session& s, const StepInput& in, const torch::T
     result.next_tokens.assign(next.data_ptr<int64_t>(), next.data_ptr<int64_t>() + next.numel());
   }
   return result;
+}
+
+torch::Tensor SplitServer::NextTokensCached(Session& s, const StepInput& in, const torch::Tensor& x, const torch::Tensor& mask) {
+  if (in.cache == DecodeCache::kStart) s.decode_cache = std::make_unique<KvCache>();
+  Require(s.decode_cache != nullptr, ErrorCode::kFailedPrecondition,
+          "client " + s.client_id + " extends sequences the server does not hold (it restarted, or the client rejoined): "
+          "send the sequences again with cache START_CACHE");
+  KvCache& cache = *s.decode_cache;
+  const int64_t length = cache.length() + in.tokens;
+  try {
+    Require(cache.length() == 0 || cache.seen.size(0) == in.batch, ErrorCode::kInvalidArgument,
+            "the step extends " + std::to_string(in.batch) + " sequences, the decoding cache holds " +
+                std::to_string(cache.seen.size(0)) + ": extend every started row by one token");
+    Require(length <= step_limits().max_sequence_tokens && in.batch * length <= options_.max_batch_tokens,
+            ErrorCode::kInvalidArgument,
+            "decoded sequences would reach " + std::to_string(length) + " tokens per row, " + std::to_string(in.batch * length) +
+                " in all: above max_sequence_tokens or max_batch_tokens; generate fewer tokens or smaller batches");
+    return LastColumnArgmax(part_->ForwardCached(x, mask, cache));
+  } catch (...) {
+    s.decode_cache.reset();  // half-extended layers: nothing of it is worth keeping
+    throw;
+  }
 }
 
 // Forward, loss, backward and the gradient's message (*gradient: its values). The LoRA and the

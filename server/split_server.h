@@ -10,7 +10,9 @@
 //            after the client's last applied one is refused (kResourceExhausted: retry later);
 //   decode   the activation, by the session's codec (its streams advance with every message
 //            decoded, as the client's did when it encoded it);
-//   compute  evaluation steps: scores or next tokens; TRAIN: forward, loss (a loss that is not
+//   compute  evaluation steps: scores or next tokens (with a decoding cache kept per client for
+//            NEXT_TOKEN steps that ask for one: the server part's keys and values, bounded by
+//            max_sequence_tokens and max_batch_tokens, dropped by any other step); TRAIN: forward, loss (a loss that is not
 //            finite is refused), backward, the gradient encoded;
 //   commit   TRAIN: the optimizer steps, the step counter, statistics and stored reply move on.
 // A step refused at any stage leaves the LoRA, the optimizer, the step counter and the statistics
@@ -127,6 +129,8 @@ class SplitServer {
   };
   torch::Tensor Decode(Session& s, const StepInput& in, Received* received);
   StepResult Evaluate(Session& s, const StepInput& in, const torch::Tensor& activation);
+  // A NEXT_TOKEN step with a decoding cache: the next token of each row, [B].
+  torch::Tensor NextTokensCached(Session& s, const StepInput& in, const torch::Tensor& x, const torch::Tensor& mask);
   StepResult Train(Session& s, const StepInput& in, const torch::Tensor& activation, bool replay, torch::Tensor* gradient);
   void Commit(Session& s, const StepInput& in, const StepResult& result, torch::Tensor gradient, const Received& received,
               Clock::time_point started);

@@ -25,6 +25,9 @@ bool StepAssembler::Add(const amaq::v1::StepRequest& chunk) {
       input_.tokens = chunk.tokens();
       input_.mask.assign(chunk.attention_mask().begin(), chunk.attention_mask().end());
       input_.labels.assign(chunk.labels().begin(), chunk.labels().end());
+      Require(amaq::v1::StepRequest::DecodeCache_IsValid(chunk.cache()), ErrorCode::kInvalidArgument,
+              "unknown decoding cache " + std::to_string(chunk.cache()) + ": use NO_CACHE, START_CACHE or EXTEND_CACHE");
+      input_.cache = static_cast<DecodeCache>(chunk.cache());
       chunk_count_ = chunk.chunk_count();
     } else {
       Require(chunk.chunk_count() == chunk_count_ && chunk.step_id() == input_.step_id &&

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <future>
 #include <thread>
@@ -96,6 +97,57 @@ TEST_F(Network, Fp32OverTheNetworkFollowsLocalTraining) {
 // amaq-study runs in one process and counts the gRPC messages the network path would exchange:
 // the same run over gRPC counts exactly as many message bytes, and the socket carries those plus
 // the transport's own overhead (TLS records and handshake, HTTP/2 frames and headers).
+// A transport that shows every step and its reply to `on_step`.
+template <typename Base>
+struct RecordingSteps : Base {
+  using Base::Base;
+  StepResult Step(const StepInput& input) override {
+    StepResult r = Base::Step(input);
+    on_step(input, r);
+    return r;
+  }
+  std::function<void(const StepInput&, const StepResult&)> on_step;
+};
+
+// Exact-match evaluation over gRPC decodes with the server's cache (the cache field crosses the
+// wire, the JoinReply announces it) and picks the tokens the in-process run picks.
+TEST_F(Network, ExactMatchOverGrpcDecodesWithTheServersCache) {
+  StartServer();
+  Dataset data;
+  data.name = "past-tense";
+  for (const char* v : {"walk", "jump", "talk", "play", "call", "look"}) {
+    data.train.push_back({std::string("past tense of ") + v + ":", std::string(v) + "ed", -1});
+  }
+  data.validation = data.train;
+  client::ClientOptions o = ClientFor("client-1", "fp32", 2);
+  o.eval_batch = 3;
+  o.eval_examples = 6;
+  const auto record = [](const StepInput& input, const StepResult& r, std::vector<int64_t>* tokens, int* cached) {
+    if (input.kind != StepKind::kNextToken) return;
+    tokens->insert(tokens->end(), r.next_tokens.begin(), r.next_tokens.end());
+    *cached += input.cache != DecodeCache::kNone;
+  };
+  RecordingSteps<client::GrpcTransport> grpc_transport(ClientTransport(testing::kToken1, port_));
+  std::vector<int64_t> over_grpc, in_process;
+  int cached_grpc = 0, cached_local = 0;
+  grpc_transport.on_step = [&](const StepInput& in, const StepResult& r) { record(in, r, &over_grpc, &cached_grpc); };
+  client::SplitClient remote(o, data, grpc_transport);
+  for (int64_t step = remote.Join(); step < 2; ++step) remote.TrainStep(step);
+  EXPECT_TRUE(grpc_transport.server_decodes_with_cache());
+  remote.Evaluate();
+
+  server::SplitServer server(testing::TinyServerOptions(*model_));
+  RecordingSteps<client::LocalTransport> local_transport(server);
+  local_transport.on_step = [&](const StepInput& in, const StepResult& r) { record(in, r, &in_process, &cached_local); };
+  client::SplitClient local(o, data, local_transport);
+  for (int64_t step = local.Join(); step < 2; ++step) local.TrainStep(step);
+  local.Evaluate();
+  ASSERT_FALSE(over_grpc.empty());
+  EXPECT_EQ(over_grpc, in_process);
+  EXPECT_GT(cached_grpc, 0);
+  EXPECT_EQ(cached_grpc, cached_local);
+}
+
 TEST_F(Network, InProcessRunCountsTheMessageBytesOfTheNetworkRun) {
   StartServer();
   const auto run = [&](client::Transport& transport) {

@@ -233,6 +233,121 @@ TEST(SplitTraining, AmaqStaysWithinAMarginOfBf16) {
   EXPECT_LT(amaq, bf16 + 0.3);
 }
 
+// "past tense of <verb>:" -> "<verb>ed": a generation task for exact-match evaluation.
+Dataset PastTenseDataset() {
+  Dataset d;
+  d.name = "past-tense";
+  const char* verbs[] = {"walk", "jump", "talk", "play", "call", "look", "want", "open", "help", "work"};
+  for (const char* v : verbs) d.train.push_back({std::string("past tense of ") + v + ":", std::string(v) + "ed", -1});
+  d.validation = d.train;
+  return d;
+}
+
+// A transport that records the next tokens of every NEXT_TOKEN reply, and can say it decodes
+// without a cache (an older server) or lose the server's cache once (a restart mid-decoding).
+struct DecodingTransport : client::LocalTransport {
+  DecodingTransport(server::SplitServer& server, bool cache) : client::LocalTransport(server), cache_(cache), server_(server) {}
+  bool server_decodes_with_cache() const override { return cache_; }
+  StepResult Step(const StepInput& input) override {
+    if (input.cache == DecodeCache::kExtend && lose_cache_once) {
+      lose_cache_once = false;
+      server_.Join(joined_.client_id, joined_.fingerprint, joined_.cut_layer, joined_.method);  // drops the cache
+    }
+    StepResult r = client::LocalTransport::Step(input);
+    if (input.kind == StepKind::kNextToken) {
+      tokens.insert(tokens.end(), r.next_tokens.begin(), r.next_tokens.end());
+      ++(input.cache == DecodeCache::kStart ? starts : input.cache == DecodeCache::kExtend ? extends : whole);
+    }
+    return r;
+  }
+  int64_t Join(const JoinInfo& info) override {
+    joined_ = info;
+    return client::LocalTransport::Join(info);
+  }
+  std::vector<int64_t> tokens;
+  int starts = 0, extends = 0, whole = 0;
+  bool lose_cache_once = false;
+
+ private:
+  bool cache_;
+  server::SplitServer& server_;
+  JoinInfo joined_;
+};
+
+// Exact match through the split model with a cache on both sides picks, step for step, the tokens
+// that sending every sequence whole picks, with far fewer bytes; a server that lost its cache
+// mid-decoding is sent the sequences again, and the tokens stay the same.
+TEST(SplitTraining, CachedSplitDecodingPicksTheTokensOfWholeSequences) {
+  const std::string dir = testing::TinyModelDir("split-decoding");
+  const Dataset data = PastTenseDataset();
+  std::vector<int64_t> reference;
+  uint64_t whole_bytes = 0;
+  for (const int mode : {0, 1, 2}) {  // whole sequences; cached; cached, the server losing its cache once
+    server::SplitServer server(ServerFor(dir));
+    DecodingTransport transport(server, mode != 0);
+    transport.lose_cache_once = mode == 2;
+    // fp32 at the cut: a quantized method scales each message's channels over the rows it holds,
+    // so one new row per sequence is rounded otherwise than whole sequences are.
+    client::ClientOptions o = ClientFor(dir, "fp32", 4);
+    o.eval_batch = 4;
+    o.eval_examples = 10;
+    client::SplitClient c(o, data, transport);
+    for (int64_t step = c.Join(); step < 4; ++step) c.TrainStep(step);
+    const uint64_t before = transport.bytes_up();
+    c.Evaluate();
+    ASSERT_FALSE(transport.tokens.empty());
+    if (mode == 0) {
+      reference = transport.tokens;
+      whole_bytes = transport.bytes_up() - before;
+      EXPECT_EQ(transport.starts + transport.extends, 0);
+      continue;
+    }
+    EXPECT_EQ(transport.tokens, reference) << "mode " << mode;
+    EXPECT_EQ(transport.whole, 0);
+    EXPECT_EQ(transport.starts, mode == 1 ? 3 : 4) << "three batches of prompts (and one restart)";
+    if (mode == 1) EXPECT_LT(transport.bytes_up() - before, whole_bytes / 2) << "a new token sends one row per sequence";
+  }
+}
+
+// What the server refuses of cached decoding, each leaving it able to start again.
+TEST(SplitTraining, CachedDecodingStepsAreChecked) {
+  const std::string dir = testing::TinyModelDir("split-decoding-guards");
+  server::SplitServer server(ServerFor(dir));
+  server.Join("c", ModelFingerprint(dir, 2), 2, "fp32");
+  const ModelConfig c = ModelConfig::Load(dir + "/config.json");
+  const auto step = [&](DecodeCache cache, std::vector<int32_t> mask, int64_t tokens) {
+    StepInput in;
+    in.kind = StepKind::kNextToken;
+    in.cache = cache;
+    in.batch = static_cast<int64_t>(mask.size()) / tokens;
+    in.tokens = tokens;
+    in.mask = mask;
+    in.labels.assign(mask.size(), -100);
+    const std::vector<float> x(mask.size() * static_cast<size_t>(c.hidden_size), 0.1f);
+    in.activation = quant::Method::Parse("fp32")->MakeClientCodec(quant::CodecContext{})->EncodeEvaluation(
+        torch::tensor(x).reshape({static_cast<int64_t>(mask.size()), c.hidden_size}));
+    return server.Step("c", in);
+  };
+  const auto code = [&](auto f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.code();
+    }
+    return ErrorCode::kInternal;
+  };
+  EXPECT_EQ(code([&] { step(DecodeCache::kExtend, {1}, 1); }), ErrorCode::kFailedPrecondition) << "nothing started";
+  EXPECT_EQ(code([&] { step(DecodeCache::kStart, {1, 1, 0}, 3); }), ErrorCode::kInvalidArgument) << "right padding";
+  EXPECT_EQ(step(DecodeCache::kStart, {0, 1, 1}, 3).next_tokens.size(), 1u);
+  EXPECT_EQ(code([&] { step(DecodeCache::kExtend, {1, 1}, 2); }), ErrorCode::kInvalidArgument) << "two tokens at once";
+  EXPECT_EQ(code([&] { step(DecodeCache::kExtend, {1, 1}, 1); }), ErrorCode::kInvalidArgument) << "another batch";
+  EXPECT_EQ(code([&] { step(DecodeCache::kExtend, {1}, 1); }), ErrorCode::kFailedPrecondition) << "the failure dropped the cache";
+  EXPECT_EQ(step(DecodeCache::kStart, {1, 1, 1}, 3).next_tokens.size(), 1u);
+  EXPECT_EQ(step(DecodeCache::kExtend, {1}, 1).next_tokens.size(), 1u);
+  step(DecodeCache::kNone, {1, 1}, 2);  // any other step ends the decoding
+  EXPECT_EQ(code([&] { step(DecodeCache::kExtend, {1}, 1); }), ErrorCode::kFailedPrecondition);
+}
+
 TEST(SplitTraining, CollaborativeModeAveragesClientAdapters) {
   const std::string dir = testing::TinyModelDir("collab");
   server::SplitServer server(ServerFor(dir));

@@ -2,6 +2,9 @@
 
 #include "common/base/error.h"
 
+#include <algorithm>
+#include <cstddef>
+
 namespace amaq {
 
 void CheckStepFields(const StepInput& in, const StepShapeLimits& limits) {
@@ -29,6 +32,18 @@ void CheckStepFields(const StepInput& in, const StepShapeLimits& limits) {
             "label " + std::to_string(in.labels[i]) + " is not -100 or a token id below " + std::to_string(limits.vocab_size));
     any_token = any_token || in.mask[i] != 0;
     any_label = any_label || (i % in.tokens != 0 && in.labels[i] != -100);
+  }
+  Require(in.cache == DecodeCache::kNone || in.kind == StepKind::kNextToken, ErrorCode::kInvalidArgument,
+          "a decoding cache is for NEXT_TOKEN steps: send this step without one");
+  if (in.cache == DecodeCache::kStart) {
+    for (int64_t r = 0; r < in.batch; ++r) {
+      Require(in.mask[static_cast<size_t>((r + 1) * in.tokens - 1)] == 1, ErrorCode::kInvalidArgument,
+              "row " + std::to_string(r) + " of a cached prompt does not end in a token: pad cached prompts on the left");
+    }
+  }
+  if (in.cache == DecodeCache::kExtend) {
+    Require(in.tokens == 1 && std::count(in.mask.begin(), in.mask.end(), 1) == static_cast<std::ptrdiff_t>(n),
+            ErrorCode::kInvalidArgument, "a cached decoding step extends each row by one token (tokens 1, mask 1): send one token per row");
   }
   Require(in.kind != StepKind::kTrain || (any_token && any_label), ErrorCode::kInvalidArgument,
           "training step " + std::to_string(in.step_id) +

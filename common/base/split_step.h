@@ -12,6 +12,11 @@ namespace amaq {
 
 enum class StepKind { kTrain = 0, kScore = 1, kNextToken = 2 };
 
+// NEXT_TOKEN steps may decode with a cache on the server (docs/protocol.md): kStart sends
+// left-padded prompts and keeps the server part's keys and values, kExtend sends one new token per
+// row of those sequences. kNone: every row is sent whole.
+enum class DecodeCache { kNone = 0, kStart = 1, kExtend = 2 };
+
 struct JoinInfo {
   std::string client_id;
   std::string fingerprint;
@@ -26,6 +31,7 @@ struct StepInput {
   int64_t batch = 0, tokens = 0;
   std::vector<int32_t> mask, labels;  // batch * tokens each
   std::vector<uint8_t> activation;    // codec message (or AQ-SGD frame)
+  DecodeCache cache = DecodeCache::kNone;  // kNextToken only
 };
 
 struct StepResult {
@@ -54,7 +60,8 @@ struct StepShapeLimits {
 // the limits; mask and labels with batch x tokens entries, mask entries 0 or 1 (SCORE: up to
 // kMaxCandidateSegments + 1), labels -100 or a token id below vocab_size; a TRAIN step with a
 // token that is not padding and a label after position 0 (an all-padding step would move the
-// optimizer's state for nothing).
+// optimizer's state for nothing); a decoding cache only on NEXT_TOKEN steps, whose kStart rows end
+// in a token (left padding) and whose kExtend rows are one token each.
 // Throws amaq::Error (kInvalidArgument) naming the field.
 void CheckStepFields(const StepInput& in, const StepShapeLimits& limits);
 

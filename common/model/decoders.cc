@@ -14,45 +14,67 @@ void CheckPrompts(const torch::Tensor& ids, const torch::Tensor& mask) {
 
 }  // namespace
 
-CachedDecoder::CachedDecoder(ModelPart model) : model_(std::move(model)) {
-  Require(model_->spec().embed && model_->spec().head, ErrorCode::kInvalidArgument,
-          "a cached decoder runs a whole model: give it a part with the embedding and the head");
-}
-
-torch::Tensor CachedDecoder::StartLogits(const torch::Tensor& ids, const torch::Tensor& mask) {
-  CheckPrompts(ids, mask);
-  torch::NoGradGuard no_grad;
-  // Left-align the padding, so that every row's last token is the last column and new tokens
-  // append as one column.
+std::pair<torch::Tensor, torch::Tensor> LeftAligned(const torch::Tensor& ids, const torch::Tensor& mask) {
   const int64_t b = ids.size(0), t = ids.size(1);
   const torch::Tensor lengths = mask.to(torch::kLong).sum(1);
   torch::Tensor left_ids = torch::zeros({b, t}, torch::kLong), left_mask = torch::zeros({b, t}, torch::kLong);
   for (int64_t r = 0; r < b; ++r) {
     const int64_t n = lengths[r].item<int64_t>();
-    left_ids[r].slice(0, t - n).copy_(ids[r].slice(0, 0, n));
+    left_ids[r].slice(0, t - n).copy_(ids[r].to(torch::kLong).masked_select(mask[r] == 1));
     left_mask[r].slice(0, t - n).fill_(1);
   }
-  cache_ = KvCache{};
-  const torch::Device device = model_->norm->weight.device();
-  const torch::Tensor logits = model_->ForwardCached(left_ids.to(device), left_mask.to(device), cache_);
-  return logits.select(1, t - 1).to(torch::kCPU, torch::kFloat);
+  return {left_ids, left_mask};
 }
 
-torch::Tensor CachedDecoder::NextLogits(const torch::Tensor& tokens) {
+CachedDecoder::CachedDecoder(ModelPart whole)
+    : CachedDecoder(whole, [](const torch::Tensor& logits, const torch::Tensor&, bool) {
+        return LastColumnArgmax(logits).to(torch::kCPU);
+      }) {
+  Require(whole->spec().head, ErrorCode::kInvalidArgument,
+          "a cached decoder without a rest runs a whole model: give it a part with the embedding and the head");
+}
+
+CachedDecoder::CachedDecoder(ModelPart first, Rest rest) : part_(std::move(first)), rest_(std::move(rest)) {
+  Require(part_->spec().embed, ErrorCode::kInvalidArgument, "a cached decoder starts from token ids: its part needs the embedding");
+}
+
+std::pair<torch::Tensor, torch::Tensor> CachedDecoder::Prefill(const torch::Tensor& ids, const torch::Tensor& mask) {
+  CheckPrompts(ids, mask);
+  torch::NoGradGuard no_grad;
+  const auto [left_ids, left_mask] = LeftAligned(ids, mask);
+  ids_ = left_ids;
+  mask_ = left_mask;
+  cache_ = KvCache{};
+  return {part_->ForwardCached(left_ids.to(part_->device()), left_mask.to(part_->device()), cache_), left_mask};
+}
+
+torch::Tensor CachedDecoder::Extend(const torch::Tensor& tokens) {
   Require(cache_.length() > 0 && tokens.dim() == 1 && tokens.size(0) == cache_.seen.size(0), ErrorCode::kInvalidArgument,
           "Next needs one token per row of the prompts given to Start: call Start first");
   torch::NoGradGuard no_grad;
-  const torch::Device device = cache_.seen.device();
-  const torch::Tensor ids = tokens.to(device, torch::kLong).unsqueeze(1);
-  const torch::Tensor logits = model_->ForwardCached(ids, torch::ones_like(ids), cache_);
-  return logits.select(1, 0).to(torch::kCPU, torch::kFloat);
+  const torch::Tensor column = tokens.to(torch::kCPU, torch::kLong).unsqueeze(1);
+  ids_ = torch::cat({ids_, column}, 1);
+  mask_ = torch::cat({mask_, torch::ones_like(column)}, 1);
+  const torch::Tensor ids = column.to(cache_.seen.device());
+  return part_->ForwardCached(ids, torch::ones_like(ids), cache_);
 }
 
 torch::Tensor CachedDecoder::Start(const torch::Tensor& ids, const torch::Tensor& mask) {
-  return StartLogits(ids, mask).argmax(-1);
+  const auto [output, left_mask] = Prefill(ids, mask);
+  return rest_(output, left_mask, /*start=*/true);
 }
 
-torch::Tensor CachedDecoder::Next(const torch::Tensor& tokens) { return NextLogits(tokens).argmax(-1); }
+torch::Tensor CachedDecoder::Next(const torch::Tensor& tokens) {
+  const torch::Tensor output = Extend(tokens);
+  try {
+    return rest_(output, torch::ones({tokens.size(0), 1}, torch::kLong), /*start=*/false);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kFailedPrecondition) throw;
+  }
+  const torch::Tensor ids = ids_, mask = mask_;  // the rest lost the sequences: start them again
+  const auto [again, left_mask] = Prefill(ids, mask);
+  return rest_(again, left_mask, /*start=*/true);
+}
 
 torch::Tensor RecomputingDecoder::Start(const torch::Tensor& ids, const torch::Tensor& mask) {
   CheckPrompts(ids, mask);

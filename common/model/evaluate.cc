@@ -36,6 +36,8 @@ torch::Tensor LastTokenArgmax(const torch::Tensor& logits, const torch::Tensor& 
   return logits.index({rows, last}).argmax(-1);
 }
 
+torch::Tensor LastColumnArgmax(const torch::Tensor& logits) { return logits.select(1, logits.size(1) - 1).argmax(-1); }
+
 double ClassificationAccuracy(const SequenceScorer& score, const ExampleEncoder& encoder,
                               const Dataset& dataset, const std::vector<Example>& examples,
                               int64_t batch_size, int64_t max_row_tokens) {

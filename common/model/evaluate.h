@@ -28,6 +28,8 @@ using GreedyStep = std::function<torch::Tensor(const torch::Tensor& ids, const t
 torch::Tensor SequenceLogProbs(const torch::Tensor& logits, const torch::Tensor& labels, const torch::Tensor& mask);
 // From logits [B, T, V] and mask [B, T]: the argmax token after each row's last real token.
 torch::Tensor LastTokenArgmax(const torch::Tensor& logits, const torch::Tensor& mask);
+// From logits [B, T, V]: the argmax token after the last column (left-padded rows).
+torch::Tensor LastColumnArgmax(const torch::Tensor& logits);
 
 // Picks, for each example, the label whose completion is most likely; returns the share correct.
 // Each example is a row that packs the labels as candidate segments after the prompt

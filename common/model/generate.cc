@@ -37,7 +37,8 @@ Generation Generate(ModelPart& model, const Tokenizer& tokenizer, const std::str
   at::Generator generator = at::detail::createCPUGenerator(o.seed);
   CachedDecoder decoder(model);
   const torch::Tensor prompt_ids = torch::tensor(ids, torch::kLong).unsqueeze(0);
-  torch::Tensor logits = decoder.StartLogits(prompt_ids, torch::ones_like(prompt_ids));
+  const auto last = [](const torch::Tensor& logits) { return logits.select(1, logits.size(1) - 1).to(torch::kCPU, torch::kFloat); };
+  torch::Tensor logits = last(decoder.Prefill(prompt_ids, torch::ones_like(prompt_ids)).first);
   size_t hold = 0;  // text not shown yet because a stop string may begin there
   for (const std::string& s : o.stop) hold = std::max(hold, s.size() - 1);
   Generation g;
@@ -62,7 +63,7 @@ Generation Generate(ModelPart& model, const Tokenizer& tokenizer, const std::str
       break;
     }
     show(g.text, g.text.size() > hold ? g.text.size() - hold : 0);
-    if (t + 1 < max_new) logits = decoder.NextLogits(torch::tensor({token}, torch::kLong));
+    if (t + 1 < max_new) logits = last(decoder.Extend(torch::tensor({token}, torch::kLong)));
   }
   if (g.finish.empty()) g.finish = "length";
   show(g.text, g.text.size());

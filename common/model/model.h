@@ -161,6 +161,8 @@ class ModelPartImpl : public torch::nn::Module {
   BaseWeights base_weights() const { return format_; }
   // The dtype activations are computed in: fp32 unless the part was cast with to(dtype).
   torch::Dtype compute_dtype() const { return compute_dtype_; }
+  // The device the part's tensors are on.
+  torch::Device device() const { return inv_freq_.device(); }
   // Bytes of the base weights as held (dense tensors and compact forms).
   int64_t BaseWeightBytes();
 
