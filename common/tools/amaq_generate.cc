@@ -68,6 +68,7 @@ int main(int argc, char** argv) {
     const Generation g = Generate(model, *tokenizer, prompt, o, quiet ? std::function<void(const std::string&)>() : stream);
     if (quiet) std::fwrite(g.text.data(), 1, g.text.size(), stdout);
     std::fputc('\n', stdout);
+    std::fflush(stdout);  // the text's end before the summary on stderr
     if (!quiet) spdlog::info("{} tokens, finished by {}", g.tokens.size(), g.finish);
     return 0;
   } catch (const Error& e) {
