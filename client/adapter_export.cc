@@ -8,12 +8,25 @@
 namespace amaq::client {
 namespace {
 
-// The LoRA tensors of layers [cut, L) that `lora` gives, by name and shape (from a server part).
-std::map<std::string, std::vector<int64_t>> ExpectedServerLora(const ModelConfig& config, int64_t cut, const LoraConfig& lora) {
-  ModelPart part(config, PartSpec::ServerMiddle(config, cut));
-  part->AddLora(lora);
+// The LoRA tensors of layers [cut, L) that `lora` gives, by name and shape. Every layer of a
+// LLaMA-family model has the same shapes, so they come from one layer: the client's own first one,
+// or (a client without layers, cut 0) a one-layer part; the server's half is never built here.
+std::map<std::string, std::vector<int64_t>> ExpectedServerLora(ModelPart& client_part, const LoraConfig& lora) {
+  const ModelConfig& config = client_part->config();
+  const int64_t cut = client_part->spec().end_layer;
+  ModelPart one = client_part;
+  if (client_part->layers.empty()) {
+    one = ModelPart(config, PartSpec{0, 1, false, false});
+    one->AddLora(lora);
+  }
+  const std::string first = "model.layers." + std::to_string(one->spec().first_layer) + ".";
   std::map<std::string, std::vector<int64_t>> shapes;
-  for (const auto& [name, tensor] : part->LoraParameters()) shapes[name] = tensor.sizes().vec();
+  for (const auto& [name, tensor] : one->LoraParameters()) {
+    if (name.rfind(first, 0) != 0) continue;
+    for (int64_t layer = cut; layer < config.num_hidden_layers; ++layer) {
+      shapes["model.layers." + std::to_string(layer) + "." + name.substr(first.size())] = tensor.sizes().vec();
+    }
+  }
   return shapes;
 }
 
@@ -27,8 +40,7 @@ void ExportWholeAdapter(ModelPart& client_part, const ServerAdapterInfo& server,
               ") differs from this client's (rank " + std::to_string(lora.rank) + ", alpha " + std::to_string(lora.alpha) +
               ") or targets other projections: one adapter states one setting; give both sides the same lora_* keys");
   const ModelConfig& config = client_part->config();
-  const std::map<std::string, std::vector<int64_t>> expected =
-      ExpectedServerLora(config, client_part->spec().end_layer, lora);
+  const std::map<std::string, std::vector<int64_t>> expected = ExpectedServerLora(client_part, lora);
   Require(server.tensors.size() == expected.size(), ErrorCode::kDataLoss,
           "the server sent " + std::to_string(server.tensors.size()) + " LoRA tensors, layers [" +
               std::to_string(client_part->spec().end_layer) + ", " + std::to_string(config.num_hidden_layers) + ") hold " +
@@ -48,12 +60,7 @@ void ExportWholeAdapter(ModelPart& client_part, const ServerAdapterInfo& server,
 }
 
 void WriteMergedModel(const std::string& model_dir, const std::string& adapter_dir, const std::string& merged_dir) {
-  const ModelConfig config = ModelConfig::Load(model_dir + "/config.json");
-  ModelPart whole(config, PartSpec::Whole(config));
-  LoadPartWeights(whole, model_dir);
-  whole->AddLora(ReadPeftAdapterConfig(adapter_dir));
-  LoadPeftAdapter(whole, adapter_dir);
-  whole->MergeLora();
+  ModelPart whole = LoadMergedModel(model_dir, adapter_dir).model;
   SaveModel(whole, merged_dir);
   CopyTokenizerFiles(model_dir, merged_dir);
   spdlog::info("wrote the base model with the adapter merged in to {}", merged_dir);

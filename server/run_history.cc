@@ -3,16 +3,15 @@
 namespace amaq::server {
 namespace {
 
-// Keeps every `stride`-th offered point; a full curve drops every other point and doubles the stride.
+// Appends `point`; a curve that is then full keeps every other point. Returns whether it halved.
 template <typename Point>
-void Append(std::vector<Point>& curve, const Point& point, int64_t& stride, int64_t& offered) {
-  if (offered++ % stride != 0) return;
+bool Append(std::vector<Point>& curve, const Point& point) {
   curve.push_back(point);
-  if (curve.size() < RunHistory::kMaxPoints) return;
+  if (curve.size() < RunHistory::kMaxPoints) return false;
   std::vector<Point> halved;
   for (size_t i = 0; i < curve.size(); i += 2) halved.push_back(curve[i]);
   curve.swap(halved);
-  stride *= 2;
+  return true;
 }
 
 }  // namespace
@@ -20,7 +19,7 @@ void Append(std::vector<Point>& curve, const Point& point, int64_t& stride, int6
 void RunHistory::RecordStep(const std::string& client, const StepPoint& point, const std::map<int, double>& width_shares) {
   std::lock_guard<std::mutex> lock(mutex_);
   Client& c = clients_[client];
-  Append(c.steps, point, c.stride, c.offered);
+  if (c.offered++ % c.stride == 0 && Append(c.steps, point)) c.stride *= 2;  // from then on every other step
   if (!width_shares.empty()) c.width_shares = width_shares;
 }
 
@@ -29,8 +28,7 @@ void RunHistory::RecordMetric(const std::string& client, MetricPoint point, cons
   Client& c = clients_[client];
   if (c.metric_name != name) c.metrics.clear();  // another metric: another curve
   c.metric_name = name;
-  int64_t stride = 1, offered = 0;  // evaluations are few: kept until the curve is full, then halved
-  Append(c.metrics, point, stride, offered);
+  Append(c.metrics, point);  // evaluations are few: each is kept until the curve is full
 }
 
 std::map<std::string, RunHistory::Client> RunHistory::Snapshot() const {

@@ -133,6 +133,40 @@ TEST_F(WholeAdapter, DifferentLoraSettingsOnTheTwoSidesAreRefused) {
   EXPECT_FALSE(std::filesystem::exists(out));
 }
 
+// A server's tensors that are not the LoRA of layers [cut, L) in the agreed shapes are refused
+// (a missing one, one of another shape, one of the client's layers), and nothing is written.
+TEST_F(WholeAdapter, ServerTensorsOfAnotherShapeOrLayerAreRefused) {
+  const ModelConfig c = ModelConfig::Load(*dir_ + "/config.json");
+  for (const int cut : {2, 0}) {  // a client with layers, and one without (its shapes from a one-layer part)
+    ModelPart client_part(c, PartSpec::Client(cut));
+    client_part->AddLora(testing::AllTargets());
+    server::ServerOptions so = testing::TinyServerOptions(*dir_);
+    so.cut_layer = cut;
+    server::SplitServer at_cut(so);
+    at_cut.Join("client-0", ModelFingerprint(*dir_, cut), cut, "fp32");
+    const ServerAdapterInfo good = at_cut.AdapterOf("client-0");
+    const std::string out = testing::TempDir("tampered-adapter") + "/adapter";
+    client::ExportWholeAdapter(client_part, good, testing::AllTargets(), *dir_, out, "");  // accepted as it is
+    ServerAdapterInfo missing = good, reshaped = good, elsewhere = good;
+    missing.tensors.erase(missing.tensors.begin());
+    NamedFloat& first = reshaped.tensors.begin()->second;
+    first.shape = {static_cast<int64_t>(first.values.size())};
+    elsewhere.tensors.erase(elsewhere.tensors.begin());
+    elsewhere.tensors["model.layers.0.self_attn.q_proj.lora_A.weight"] = good.tensors.begin()->second;
+    if (cut == 0) elsewhere.tensors["model.layers.9.self_attn.q_proj.lora_A.weight"] = good.tensors.begin()->second;
+    for (const ServerAdapterInfo* bad : {&missing, &reshaped, &elsewhere}) {
+      const std::string refused = testing::TempDir("refused-tampered") + "/adapter";
+      try {
+        client::ExportWholeAdapter(client_part, *bad, testing::AllTargets(), *dir_, refused, "");
+        ADD_FAILURE() << "a tampered server adapter was written (cut " << cut << ")";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::kDataLoss) << e.what();
+      }
+      EXPECT_FALSE(std::filesystem::exists(refused));
+    }
+  }
+}
+
 // The U-shaped split (the client keeps the head): its three parts' LoRA as one adapter gives the
 // whole model the logits of client -> server middle -> client head.
 TEST_F(WholeAdapter, AUShapedSplitsPartsMakeOneAdapter) {

@@ -9,6 +9,7 @@
 
 #include "common/base/error.h"
 #include "proto/step_messages.h"
+#include "server/run_history.h"
 #include "server/step_assembler.h"
 #include "server/token_store.h"
 
@@ -143,6 +144,30 @@ TEST_F(TokenStoreTest, RefusesAMissingOrEmptyFileAtStart) {
   Write("# nobody\n");
   EXPECT_THROW(TokenStore{path_}, Error);
   EXPECT_FALSE(TokenStore("").enabled());
+}
+
+
+// A long run's curve stays bounded, spans the whole run with evenly spaced steps, and keeps the
+// latest bit-widths; metrics of another name start another curve.
+TEST(RunHistoryTest, CurvesStayBoundedAndSpanTheRun) {
+  RunHistory history;
+  for (int64_t step = 0; step < 5000; ++step) {
+    history.RecordStep("a", {step, 0.1 * static_cast<double>(step), 1.0, 3.0, 0, 0}, {{3, 1.0}});
+  }
+  history.RecordStep("a", {5000, 500, 1.0, 4.0, 0, 0}, {});  // no widths known: the last ones stay
+  const RunHistory::Client a = history.Snapshot().at("a");
+  ASSERT_LT(a.steps.size(), RunHistory::kMaxPoints);
+  EXPECT_GT(a.steps.size(), RunHistory::kMaxPoints / 2 - 2);
+  EXPECT_EQ(a.steps.front().step, 0);
+  EXPECT_GT(a.steps.back().step, 5000 - a.stride);
+  for (size_t i = 1; i < a.steps.size(); ++i) EXPECT_EQ(a.steps[i].step - a.steps[i - 1].step, a.stride) << i;
+  EXPECT_EQ(a.width_shares, (std::map<int, double>{{3, 1.0}}));
+  history.RecordMetric("a", {10, 1, 0.5}, "accuracy");
+  history.RecordMetric("a", {20, 2, 0.6}, "accuracy");
+  EXPECT_EQ(history.Snapshot().at("a").metrics.size(), 2u);
+  history.RecordMetric("a", {30, 3, 0.1}, "exact_match");
+  EXPECT_EQ(history.Snapshot().at("a").metrics.size(), 1u);
+  EXPECT_EQ(history.Snapshot().count("b"), 0u);
 }
 
 }  // namespace

@@ -147,6 +147,18 @@ LoraConfig ReadPeftAdapterConfig(const std::string& dir) {
   return lora;
 }
 
+MergedModel LoadMergedModel(const std::string& model_dir, const std::string& adapter_dir) {
+  const ModelConfig config = ModelConfig::Load(Join(model_dir, "config.json"));
+  MergedModel merged;
+  merged.model = ModelPart(config, PartSpec::Whole(config));
+  LoadPartWeights(merged.model, model_dir);
+  merged.model->AddLora(ReadPeftAdapterConfig(adapter_dir));
+  merged.lora_tensors = static_cast<int>(merged.model->LoraParameters().size());
+  merged.covered = LoadPeftAdapter(merged.model, adapter_dir);
+  merged.model->MergeLora();
+  return merged;
+}
+
 void CopyTokenizerFiles(const std::string& from, const std::string& to) {
   std::filesystem::create_directories(to);
   for (const char* name : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",

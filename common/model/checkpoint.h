@@ -48,6 +48,15 @@ void SaveLoraAsPeftAdapter(const NamedTensors& lora_weights, const LoraConfig& l
 // The LoRA settings of an adapter directory's adapter_config.json (r, lora_alpha, lora_dropout,
 // target_modules). Throws amaq::Error (kNotFound, kDataLoss) naming the file and the field.
 LoraConfig ReadPeftAdapterConfig(const std::string& dir);
+// The whole model of `model_dir` (fp32) with the PEFT adapter in `adapter_dir` merged into its
+// base; `covered` is how many of the model's `lora_tensors` LoRA tensors the adapter held (fewer:
+// an adapter of some layers only, the others run as the base).
+struct MergedModel {
+  ModelPart model{nullptr};
+  int covered = 0;
+  int lora_tensors = 0;
+};
+MergedModel LoadMergedModel(const std::string& model_dir, const std::string& adapter_dir);
 // Copies the tokenizer files of model directory `from` (those present of tokenizer.json,
 // tokenizer.model, tokenizer_config.json, special_tokens_map.json, vocab.json, merges.txt) to `to`.
 void CopyTokenizerFiles(const std::string& from, const std::string& to);

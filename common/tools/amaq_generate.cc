@@ -47,18 +47,18 @@ int main(int argc, char** argv) {
     if (prompt == "-") prompt.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
     const ModelConfig config = ModelConfig::Load(model_dir + "/config.json");
     const std::unique_ptr<Tokenizer> tokenizer = Tokenizer::Load(model_dir, ParseSpecialTokens(special_tokens));
-    ModelPart model(config, PartSpec::Whole(config));
-    LoadPartWeights(model, model_dir);
-    if (!adapter.empty()) {
-      model->AddLora(ReadPeftAdapterConfig(adapter));
-      const int loaded = LoadPeftAdapter(model, adapter);
-      const size_t expected = model->LoraParameters().size();
-      if (static_cast<size_t>(loaded) < expected) {
+    ModelPart model{nullptr};
+    if (adapter.empty()) {
+      model = ModelPart(config, PartSpec::Whole(config));
+      LoadPartWeights(model, model_dir);
+    } else {
+      const MergedModel merged = LoadMergedModel(model_dir, adapter);
+      model = merged.model;
+      if (merged.covered < merged.lora_tensors) {
         spdlog::warn("the adapter holds {} of the {} LoRA tensors of the whole model: the other layers run as the base "
                      "(an adapter of one side only; export it with adapter_out from an amaq-client run against a current server)",
-                     loaded, expected);
+                     merged.covered, merged.lora_tensors);
       }
-      model->MergeLora();
     }
     model->eval();
     const auto stream = [&](const std::string& piece) {
