@@ -1,8 +1,11 @@
 #include "quant/bitpack.h"
 
+#include <algorithm>
 #include <string>
 
 #include "common/base/error.h"
+#include "quant/isa.h"
+#include "quant/kernels_avx512.h"
 
 namespace amaq::quant {
 
@@ -10,6 +13,7 @@ RowLayout::RowLayout(const uint8_t* widths, int uniform, int64_t cols)
     : cols_(cols), widths_(static_cast<size_t>(cols)) {
   for (int64_t c = 0; c < cols; ++c) {
     widths_[static_cast<size_t>(c)] = widths ? widths[c] : static_cast<uint8_t>(uniform);
+    row_bits_ += widths_[static_cast<size_t>(c)];
   }
   groups_.resize(static_cast<size_t>(cols / kGroup));
   for (size_t k = 0; k < groups_.size(); ++k) {
@@ -23,6 +27,84 @@ RowLayout::RowLayout(const uint8_t* widths, int uniform, int64_t cols)
     }
     g.width = static_cast<uint8_t>(offset);
   }
+  if (ActiveIsa() == Isa::kAvx512) BuildSimdTables();
+}
+
+void RowLayout::BuildSimdTables() {
+  const auto w = [&](int64_t c) { return widths_[static_cast<size_t>(c)]; };
+  const int64_t blocked = cols_ / kBlock * kBlock;
+  for (int64_t c = 0; c < blocked; c += 2) pair_shift_.push_back(w(c));
+  for (int64_t c = 0; c < blocked; c += 4) quad_shift_.push_back(static_cast<uint32_t>(w(c) + w(c + 1)));
+  for (int64_t c = 0; c < blocked; c += 8) {
+    group_shift_.push_back(static_cast<uint64_t>(w(c) + w(c + 1) + w(c + 2) + w(c + 3)));
+  }
+  uint32_t bit = 0;
+  for (int64_t c0 = 0; c0 + kChunk <= cols_; c0 += kChunk) {
+    chunk_start_.push_back(bit);
+    uint16_t offset = 0;
+    for (int64_t c = c0; c < c0 + kChunk; ++c) {
+      chunk_offset_.push_back(offset);
+      chunk_mask_.push_back(static_cast<uint16_t>((1u << w(c)) - 1u));
+      offset = static_cast<uint16_t>(offset + w(c));
+    }
+    bit += offset;
+  }
+  chunk_start_.push_back(bit);
+}
+
+void RowLayout::PackGroups(const uint8_t* codes, int64_t first, BitWriter& writer) const {
+  const int64_t full = cols_ / kGroup;
+  for (int64_t k = first; k < full; ++k) {
+    const uint8_t* c = codes + kGroup * k;
+    const Group& g = groups_[static_cast<size_t>(k)];
+    uint64_t word = c[0];
+    for (int j = 1; j < kGroup; ++j) word |= static_cast<uint64_t>(c[j]) << g.shift[j];
+    writer.Put(word, g.width);
+  }
+  for (int64_t c = kGroup * full; c < cols_; ++c) writer.Put(codes[c], widths_[static_cast<size_t>(c)]);
+}
+
+void RowLayout::Pack(const uint8_t* codes, BitWriter& writer) const {
+  int64_t groups_done = 0;
+  if (ActiveIsa() == Isa::kAvx512 && !group_shift_.empty()) {
+    constexpr int64_t kBatch = 8;  // blocks joined per call: 64 words on the stack
+    uint64_t words[kBatch * kGroup];
+    const int64_t blocks = cols_ / kBlock;
+    for (int64_t b0 = 0; b0 < blocks; b0 += kBatch) {
+      const int64_t n = std::min(kBatch, blocks - b0);
+      avx512::JoinGroups(codes + kBlock * b0, n, pair_shift_.data() + 32 * b0,
+                         quad_shift_.data() + 16 * b0, group_shift_.data() + 8 * b0, words);
+      for (int64_t k = 0; k < n * kGroup; ++k) {
+        writer.Put(words[k], groups_[static_cast<size_t>(b0 * kGroup + k)].width);
+      }
+    }
+    groups_done = blocks * kGroup;
+  }
+  PackGroups(codes, groups_done, writer);
+}
+
+void RowLayout::Unpack(const uint8_t* packed, size_t size, uint64_t row_bit, uint8_t* codes) const {
+  if (ActiveIsa() == Isa::kAvx512 && !chunk_start_.empty()) {
+    const int64_t chunks = static_cast<int64_t>(chunk_start_.size()) - 1;
+    avx512::ExtractChunks(packed, size, row_bit, chunks, chunk_start_.data(), chunk_offset_.data(),
+                          chunk_mask_.data(), codes);
+    BitReader reader(packed, size, row_bit + chunk_start_.back());
+    for (int64_t c = kChunk * chunks; c < cols_; ++c) {
+      codes[c] = static_cast<uint8_t>(reader.Get(widths_[static_cast<size_t>(c)]));
+    }
+    return;
+  }
+  BitReader reader(packed, size, row_bit);
+  const int64_t full = cols_ / kGroup;
+  for (int64_t k = 0; k < full; ++k) {
+    const Group& g = groups_[static_cast<size_t>(k)];
+    const uint64_t word = reader.Get(g.width);
+    uint8_t* c = codes + kGroup * k;
+    for (int j = 0; j < kGroup; ++j) c[j] = static_cast<uint8_t>((word >> g.shift[j]) & g.mask[j]);
+  }
+  for (int64_t c = kGroup * full; c < cols_; ++c) {
+    codes[c] = static_cast<uint8_t>(reader.Get(widths_[static_cast<size_t>(c)]));
+  }
 }
 
 RowLayout RowLayoutOf(const BitsTable& bits, int64_t row, int64_t cols) {
@@ -33,7 +115,7 @@ RowLayout RowLayoutOf(const BitsTable& bits, int64_t row, int64_t cols) {
 void PackCodes(const uint8_t* codes, int64_t rows, int64_t cols, const BitsTable& bits,
                uint8_t* out) {
   bits.Validate(rows, cols);
-  BitWriter writer(out);
+  BitWriter writer(out, bits.PackedBytes(rows, cols));
   RowLayout layout = RowLayoutOf(bits, 0, cols);
   for (int64_t r = 0; r < rows; ++r) {
     if (bits.layout == BitsLayout::kPerToken && r > 0) layout = RowLayoutOf(bits, r, cols);
@@ -49,11 +131,12 @@ void UnpackCodes(const uint8_t* packed, size_t packed_size, int64_t rows, int64_
   Require(packed_size == expected, ErrorCode::kDataLoss,
           "packed payload has " + std::to_string(packed_size) + " bytes but the shape and bits "
           "table need " + std::to_string(expected) + ": the message is truncated or corrupted");
-  BitReader reader(packed, packed_size);
   RowLayout layout = RowLayoutOf(bits, 0, cols);
+  uint64_t row_bit = 0;
   for (int64_t r = 0; r < rows; ++r) {
     if (bits.layout == BitsLayout::kPerToken && r > 0) layout = RowLayoutOf(bits, r, cols);
-    layout.Unpack(reader, codes + r * cols);
+    layout.Unpack(packed, packed_size, row_bit, codes + r * cols);
+    row_bit += layout.bits();
   }
 }
 

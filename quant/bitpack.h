@@ -23,19 +23,22 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 
 class BitWriter {
  public:
-  explicit BitWriter(uint8_t* out) : out_(out) {}
+  // Writes into [out, out + size): the stream must fit.
+  BitWriter(uint8_t* out, size_t size) : out_(out), end_(out + size) {}
 
-  // Appends the low `bits` bits of `value` (value < 2^bits; 1 <= bits <= 64).
+  // Appends the low `bits` bits of `value` (value < 2^bits; 1 <= bits <= 64). The word being
+  // filled is stored on every call while 8 bytes are left (later calls complete it), and the fill
+  // level only selects values: the one branch, on the distance to the end, does not change until
+  // the last word, so nothing mispredicts on the data's widths.
   void Put(uint64_t value, int bits) {
-    acc_ |= value << fill_;  // fill_ is in [0, 63]
-    if (fill_ + bits >= 64) {
-      std::memcpy(out_, &acc_, 8);
-      out_ += 8;
-      acc_ = (value >> 1) >> (63 - fill_);  // the bits of value that did not fit (0 if fill_ == 0)
-      fill_ += bits - 64;
-    } else {
-      fill_ += bits;
-    }
+    const uint64_t low = acc_ | value << fill_;  // fill_ is in [0, 63]
+    const uint64_t spill = (value >> 1) >> (63 - fill_);  // the bits of value beyond the word
+    if (end_ - out_ >= 8) std::memcpy(out_, &low, 8);
+    fill_ += bits;
+    const bool full = fill_ >= 64;  // the low word is complete (it was stored above)
+    out_ += full ? 8 : 0;
+    acc_ = full ? spill : low;
+    fill_ &= 63;
   }
 
   // Writes the bits still held (zero-filling the last byte); returns one past the last byte.
@@ -49,6 +52,7 @@ class BitWriter {
 
  private:
   uint8_t* out_;
+  uint8_t* end_;
   uint64_t acc_ = 0;
   int fill_ = 0;
 };
@@ -58,6 +62,10 @@ class BitReader {
   // Reads from [in, in + size). Reading past the end yields zero bits and never touches memory
   // outside the range; callers check sizes first (the codec does).
   BitReader(const uint8_t* in, size_t size) : in_(in), end_(in + size) {}
+  // Starts `bit` bits into the range (bit <= 8 * size).
+  BitReader(const uint8_t* in, size_t size, uint64_t bit) : in_(in + bit / 8), end_(in + size) {
+    if (bit % 8 != 0) Get(static_cast<int>(bit % 8));
+  }
 
   // Returns the next `bits` bits (1 <= bits <= 64).
   uint64_t Get(int bits) {
@@ -94,51 +102,52 @@ class BitReader {
   int fill_ = 0;
 };
 
-// The widths of one row's columns, grouped eight at a time: a group's codes are joined into one
-// word of up to 64 bits and written with a single BitWriter::Put, which gives the same stream as
-// eight separate Puts at a fraction of the cost.
+// The widths of one row's columns and the tables that pack and unpack them. A row is packed eight
+// codes at a time: a group's codes are joined into one word of up to 64 bits and written with a
+// single BitWriter::Put, which gives the same stream as eight separate Puts at a fraction of the
+// cost. Under Isa::kAvx512 the joining runs 64 codes at a time and the unpacking 32 codes at a
+// time (quant/kernels_avx512.h); both paths give the same bytes and codes.
 class RowLayout {
  public:
   // Columns take widths[c] bits (per-channel tables) or `uniform` bits each (widths == nullptr).
   RowLayout(const uint8_t* widths, int uniform, int64_t cols);
 
-  void Pack(const uint8_t* codes, BitWriter& writer) const {
-    const int64_t full = cols_ / kGroup;
-    for (int64_t k = 0; k < full; ++k) {
-      const uint8_t* c = codes + kGroup * k;
-      const Group& g = groups_[static_cast<size_t>(k)];
-      uint64_t word = c[0];
-      for (int j = 1; j < kGroup; ++j) word |= static_cast<uint64_t>(c[j]) << g.shift[j];
-      writer.Put(word, g.width);
-    }
-    for (int64_t c = kGroup * full; c < cols_; ++c) {
-      writer.Put(codes[c], widths_[static_cast<size_t>(c)]);
-    }
-  }
+  // Bits of one packed row.
+  uint64_t bits() const { return row_bits_; }
 
-  void Unpack(BitReader& reader, uint8_t* codes) const {
-    const int64_t full = cols_ / kGroup;
-    for (int64_t k = 0; k < full; ++k) {
-      const Group& g = groups_[static_cast<size_t>(k)];
-      const uint64_t word = reader.Get(g.width);
-      uint8_t* c = codes + kGroup * k;
-      for (int j = 0; j < kGroup; ++j) c[j] = static_cast<uint8_t>((word >> g.shift[j]) & g.mask[j]);
-    }
-    for (int64_t c = kGroup * full; c < cols_; ++c) {
-      codes[c] = static_cast<uint8_t>(reader.Get(widths_[static_cast<size_t>(c)]));
-    }
-  }
+  // Appends the row's codes (code c < 2^width(c)) to the stream.
+  void Pack(const uint8_t* codes, BitWriter& writer) const;
+
+  // Reads the row that starts `row_bit` bits into the stream [packed, packed + size) into codes
+  // (cols bytes). The row must lie inside the stream (the codec checks sizes first).
+  void Unpack(const uint8_t* packed, size_t size, uint64_t row_bit, uint8_t* codes) const;
 
  private:
-  static constexpr int kGroup = 8;
+  static constexpr int kGroup = 8;   // codes per joined word
+  static constexpr int kBlock = 64;  // codes per AVX-512 join
+  static constexpr int kChunk = 32;  // codes per AVX-512 extraction
   struct Group {
     uint8_t shift[kGroup];  // bit offset of each code in the group's word (shift[0] = 0)
     uint8_t mask[kGroup];   // 2^width - 1 of each code
     uint8_t width;          // total bits of the group: 8..64
   };
+  void BuildSimdTables();
+  void PackGroups(const uint8_t* codes, int64_t first, BitWriter& writer) const;
+
   int64_t cols_;
+  uint64_t row_bits_ = 0;
   std::vector<uint8_t> widths_;
   std::vector<Group> groups_;
+  // AVX-512 joining, per block of 64 codes: the width of the first code of each pair, of the
+  // first pair of each quad, of the first quad of each group.
+  std::vector<uint16_t> pair_shift_;
+  std::vector<uint32_t> quad_shift_;
+  std::vector<uint64_t> group_shift_;
+  // AVX-512 extraction, per chunk of 32 codes: its first bit in the row (one more entry: where the
+  // codes after the last whole chunk start), and each code's bit offset in it and mask.
+  std::vector<uint32_t> chunk_start_;
+  std::vector<uint16_t> chunk_offset_;
+  std::vector<uint16_t> chunk_mask_;
 };
 
 // The layout of row `row` of a [rows, cols] tensor under `bits` (valid for the shape).

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 
@@ -81,7 +82,7 @@ void QuantizeAndPack(const float* x, int64_t rows, int64_t cols, const GridSpec&
   const float* zeros = grid.zeros.data();
   const float* steps = grid.steps.data();
   RowLayout layout = RowLayoutOf(bits, 0, cols);
-  BitWriter writer(out);
+  BitWriter writer(out, bits.PackedBytes(rows, cols));
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * cols;
     float* recon_row = reconstruction ? reconstruction + r * cols : nullptr;
@@ -134,15 +135,19 @@ void UnpackAndDequantize(const uint8_t* packed, size_t size, int64_t rows, int64
   std::vector<uint8_t> max_codes(spec.scheme == Scheme::kSymmetric ? static_cast<size_t>(cols) : 0);
   const float* zeros = grid.zeros.data();
   const float* steps = grid.steps.data();
+  // An output beyond this is not read back from the caches anyway: write it around them.
+  constexpr uint64_t kBypassCacheBytes = uint64_t{16} << 20;
+  const bool bypass_cache = static_cast<uint64_t>(rows * cols) * sizeof(float) >= kBypassCacheBytes;
   RowLayout layout = RowLayoutOf(bits, 0, cols);
-  BitReader reader(packed, size);
+  uint64_t row_bit = 0;
   for (int64_t r = 0; r < rows; ++r) {
     UpdateRowLayout(bits, r, cols, &layout);
-    layout.Unpack(reader, codes.data());
+    layout.Unpack(packed, size, row_bit, codes.data());
+    row_bit += layout.bits();
     if (spec.scheme == Scheme::kSymmetric) CheckSymmetricRow(codes.data(), r, cols, bits, &max_codes);
     float* row = out + r * cols;
     if (spec.granularity == Granularity::kChannel) {
-      DequantizeRowPerChannel(codes.data(), cols, zeros, steps, row);
+      DequantizeRowPerChannel(codes.data(), cols, zeros, steps, row, bypass_cache);
     } else {
       ForEachRun(spec, r, cols, [&](int64_t begin, int64_t n, int64_t g) {
         DequantizeRun(codes.data() + begin, n, zeros[g], steps[g], row + begin);
@@ -246,10 +251,10 @@ void Encoder::Encode(const float* x, int64_t rows, int64_t cols, const BitsTable
     include_table = !(last_table_id_ && *last_table_id_ == table_id);
   }
 
-  // Header, table and scales first; the payload is then written in place behind them.
-  std::vector<uint8_t>& out = result->bytes;
-  out.clear();
-  ByteWriter w(&out);
+  // Header, table and scales first, into a small buffer; the payload is then written in place
+  // behind them in the output, which (reused at the same size) is not zero-filled beforehand.
+  std::vector<uint8_t> front;
+  ByteWriter w(&front);
   w.Put(kMagic);
   w.Put(kVersion);
   w.Put(static_cast<uint8_t>(options.scheme));
@@ -269,8 +274,10 @@ void Encoder::Encode(const float* x, int64_t rows, int64_t cols, const BitsTable
     for (float z : grid.zeros) PutScale(w, grid.format, z);
   }
   for (float s : grid.steps) PutScale(w, grid.format, s);
-  const size_t payload_at = out.size();
+  const size_t payload_at = front.size();
+  std::vector<uint8_t>& out = result->bytes;
   out.resize(payload_at + raw_payload_size + kChecksumSize);
+  std::memcpy(out.data(), front.data(), payload_at);
   uint8_t* payload = out.data() + payload_at;
   if (is_float) {
     WriteFloats(x, elements, options.scheme, payload, reconstruction);
@@ -293,7 +300,7 @@ void Encoder::Encode(const float* x, int64_t rows, int64_t cols, const BitsTable
     }
   }
   out.resize(payload_at + payload_size);
-  w.Put(WireChecksum(out.data(), out.size()));
+  ByteWriter(&out).Put(WireChecksum(out.data(), out.size()));
 
   if (!is_float) last_table_id_ = table_id;
   result->count.payload = payload_size;

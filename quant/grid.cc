@@ -6,7 +6,9 @@
 
 #include "common/base/error.h"
 #include "quant/half.h"
+#include "quant/isa.h"
 #include "quant/kernels.h"
+#include "quant/kernels_avx512.h"
 
 namespace amaq::quant {
 namespace {
@@ -190,7 +192,11 @@ ScaleGrid ComputeGrid(const float* x, int64_t rows, int64_t cols, const GridSpec
         RangeOfRun(x, rows * cols, &lo[0], &hi[0], &bad);
         break;
       case Granularity::kChannel:
-        RangeOfColumns(x, rows, cols, lo.data(), hi.data(), &bad);
+        if (ActiveIsa() == Isa::kAvx512) {
+          avx512::RangeOfColumns(x, rows, cols, lo.data(), hi.data(), &bad);
+        } else {
+          RangeOfColumns(x, rows, cols, lo.data(), hi.data(), &bad);
+        }
         break;
       case Granularity::kToken:
         for (int64_t r = 0; r < rows; ++r) RangeOfRun(x + r * cols, cols, &lo[r], &hi[r], &bad);

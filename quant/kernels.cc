@@ -2,6 +2,9 @@
 
 #include <algorithm>
 
+#include "quant/isa.h"
+#include "quant/kernels_avx512.h"
+
 namespace amaq::quant {
 namespace {
 
@@ -67,6 +70,10 @@ AMAQ_VECTOR_CLONES void DequantizeRun(const uint8_t* codes, int64_t n, float zer
 
 AMAQ_VECTOR_CLONES void QuantizeRowPerChannel(const float* x, int64_t n, const float* zeros, const float* inv_steps,
                            const float* max_codes, uint8_t* codes) {
+  if (ActiveIsa() == Isa::kAvx512) {
+    avx512::QuantizeRowPerChannel(x, n, zeros, inv_steps, max_codes, codes);
+    return;
+  }
   ForEachPrefetched(x, n, [&](int64_t i) {
     codes[i] = RoundHalfEven(Clamp((x[i] - zeros[i]) * inv_steps[i], max_codes[i]));
   });
@@ -82,7 +89,11 @@ AMAQ_VECTOR_CLONES void QuantizeRowPerChannelStochastic(const float* x, int64_t 
 }
 
 AMAQ_VECTOR_CLONES void DequantizeRowPerChannel(const uint8_t* codes, int64_t n, const float* zeros,
-                             const float* steps, float* out) {
+                             const float* steps, float* out, bool bypass_cache) {
+  if (ActiveIsa() == Isa::kAvx512) {
+    avx512::DequantizeRowPerChannel(codes, n, zeros, steps, out, bypass_cache);
+    return;
+  }
   for (int64_t i = 0; i < n; ++i) out[i] = zeros[i] + static_cast<float>(codes[i]) * steps[i];
 }
 

@@ -37,7 +37,9 @@ void QuantizeRowPerChannel(const float* x, int64_t n, const float* zeros, const 
 void QuantizeRowPerChannelStochastic(const float* x, int64_t n, const float* zeros,
                                      const float* inv_steps, const float* max_codes,
                                      uint64_t* rng_state, uint8_t* codes);
+// `bypass_cache`: `out` is part of an output too large for the caches, so it may be written
+// around them (non-temporal stores, where the ISA has them); the values are the same.
 void DequantizeRowPerChannel(const uint8_t* codes, int64_t n, const float* zeros,
-                             const float* steps, float* out);
+                             const float* steps, float* out, bool bypass_cache = false);
 
 }  // namespace amaq::quant

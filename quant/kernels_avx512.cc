@@ -1,0 +1,202 @@
+#include "quant/kernels_avx512.h"
+
+#if defined(__x86_64__)
+
+// GCC 12's avx512fintrin.h seeds masked intrinsics with _mm512_undefined_*(), which it then
+// reports as uninitialised (GCC bug 105593): silence that here only.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#define AMAQ_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi")))
+
+namespace amaq::quant::avx512 {
+namespace {
+
+// Software prefetch distances in floats (measured on a 2-vCPU EPYC: without them these loops
+// wait on DRAM at well under its bandwidth). The range pass reads four rows at once, so each of
+// its streams looks less far ahead.
+constexpr int64_t kPrefetchAhead = 1024;
+constexpr int64_t kRangePrefetchAhead = 512;
+
+AMAQ_AVX512 inline __mmask16 FirstLanes(int64_t n) {
+  return static_cast<__mmask16>((1u << n) - 1u);
+}
+
+// The portable loop's operations, in its order: clamp((x - zero) * inv_step, 0, max_code), then
+// round half to even (the conversion's embedded rounding). max_ps(u, 0) is `u > 0 ? u : 0` and
+// min_ps(u, m) is `u < m ? u : m`.
+AMAQ_AVX512 inline __m512i Codes16(__m512 x, __m512 zero, __m512 inv_step, __m512 max_code) {
+  __m512 u = _mm512_mul_ps(_mm512_sub_ps(x, zero), inv_step);
+  u = _mm512_min_ps(_mm512_max_ps(u, _mm512_setzero_ps()), max_code);
+  return _mm512_cvt_roundps_epi32(u, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
+AMAQ_AVX512 inline __m512i CodesAt(const float* x, const float* zeros, const float* inv_steps,
+                                   const float* max_codes, int64_t i) {
+  return Codes16(_mm512_loadu_ps(x + i), _mm512_loadu_ps(zeros + i), _mm512_loadu_ps(inv_steps + i),
+                 _mm512_loadu_ps(max_codes + i));
+}
+
+AMAQ_AVX512 inline __m512 Dequantize16(__m128i codes, __m512 zero, __m512 step) {
+  const __m512 c = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(codes));
+  return _mm512_add_ps(zero, _mm512_mul_ps(c, step));
+}
+
+// Elements i.. of the lanes in m.
+AMAQ_AVX512 inline void DequantizeMasked(const uint8_t* codes, const float* zeros, const float* steps,
+                                         float* out, int64_t i, __mmask16 m) {
+  const __m128i c = _mm_maskz_loadu_epi8(m, codes + i);
+  _mm512_mask_storeu_ps(out + i, m, Dequantize16(c, _mm512_maskz_loadu_ps(m, zeros + i),
+                                                 _mm512_maskz_loadu_ps(m, steps + i)));
+}
+
+}  // namespace
+
+AMAQ_AVX512 void QuantizeRowPerChannel(const float* x, int64_t n, const float* zeros,
+                                       const float* inv_steps, const float* max_codes,
+                                       uint8_t* codes) {
+  // 64 codes per round: two saturating packs narrow four vectors of 32-bit codes to bytes
+  // (interleaved by 128-bit lane), one permutation puts them back in order.
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    for (int k = 0; k < 64; k += 16) {
+      _mm_prefetch(reinterpret_cast<const char*>(x + i + k + kPrefetchAhead), _MM_HINT_T0);
+    }
+    const __m512i q01 = _mm512_packus_epi32(CodesAt(x, zeros, inv_steps, max_codes, i),
+                                            CodesAt(x, zeros, inv_steps, max_codes, i + 16));
+    const __m512i q23 = _mm512_packus_epi32(CodesAt(x, zeros, inv_steps, max_codes, i + 32),
+                                            CodesAt(x, zeros, inv_steps, max_codes, i + 48));
+    _mm512_storeu_si512(codes + i, _mm512_permutexvar_epi32(order, _mm512_packus_epi16(q01, q23)));
+  }
+  for (; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : FirstLanes(n - i);
+    const __m512i q = Codes16(_mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, zeros + i),
+                              _mm512_maskz_loadu_ps(m, inv_steps + i),
+                              _mm512_maskz_loadu_ps(m, max_codes + i));
+    _mm512_mask_cvtepi32_storeu_epi8(codes + i, m, q);
+  }
+}
+
+AMAQ_AVX512 void DequantizeRowPerChannel(const uint8_t* codes, int64_t n, const float* zeros,
+                                         const float* steps, float* out, bool bypass_cache) {
+  int64_t i = 0;
+  if (bypass_cache) {  // non-temporal stores need 64-byte alignment: the head goes first
+    const auto misaligned = static_cast<int64_t>(reinterpret_cast<uintptr_t>(out) % 64) / 4;
+    if (misaligned != 0) {
+      i = std::min(n, 16 - misaligned);
+      DequantizeMasked(codes, zeros, steps, out, 0, FirstLanes(i));
+    }
+  }
+  for (; i + 16 <= n; i += 16) {
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i));
+    const __m512 v = Dequantize16(c, _mm512_loadu_ps(zeros + i), _mm512_loadu_ps(steps + i));
+    if (bypass_cache) {
+      _mm512_stream_ps(out + i, v);
+    } else {
+      _mm512_storeu_ps(out + i, v);
+    }
+  }
+  if (i < n) DequantizeMasked(codes, zeros, steps, out, i, FirstLanes(n - i));
+  if (bypass_cache) _mm_sfence();
+}
+
+// Rows are taken four at a time, so lo and hi are loaded and stored once per four rows; each
+// column still sees its rows in order (which matters only for the sign of a zero extreme). NaN is
+// looked for with an unordered compare into a mask (no floating-point chain across the loop), and
+// an infinity shows in lo or hi.
+AMAQ_AVX512 void RangeOfColumns(const float* x, int64_t rows, int64_t cols, float* lo, float* hi,
+                                float* bad) {
+  std::copy(x, x + cols, lo);
+  std::copy(x, x + cols, hi);
+  __mmask16 nan = 0;
+  for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+    const int64_t r_end = std::min(rows, r0 + 4);
+    for (int64_t c = 0; c < cols; c += 16) {
+      const __mmask16 m = cols - c >= 16 ? static_cast<__mmask16>(0xFFFF) : FirstLanes(cols - c);
+      __m512 l = _mm512_maskz_loadu_ps(m, lo + c);
+      __m512 h = _mm512_maskz_loadu_ps(m, hi + c);
+      for (int64_t r = r0; r < r_end; ++r) {
+        _mm_prefetch(reinterpret_cast<const char*>(x + r * cols + c + kRangePrefetchAhead), _MM_HINT_T0);
+        const __m512 v = _mm512_maskz_loadu_ps(m, x + r * cols + c);
+        l = _mm512_min_ps(v, l);
+        h = _mm512_max_ps(v, h);
+        nan = static_cast<__mmask16>(nan | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q));
+      }
+      _mm512_mask_storeu_ps(lo + c, m, l);
+      _mm512_mask_storeu_ps(hi + c, m, h);
+    }
+  }
+  bool finite = nan == 0;
+  for (int64_t c = 0; c < cols; ++c) finite = finite && std::isfinite(lo[c]) && std::isfinite(hi[c]);
+  if (!finite) *bad += std::numeric_limits<float>::quiet_NaN();
+}
+
+// Three rounds of joining neighbours: pairs of codes into 16-bit lanes, pairs of pairs into
+// 32-bit lanes, pairs of quads into the group's 64-bit word; each round shifts the upper half by
+// the width of the lower half.
+AMAQ_AVX512 void JoinGroups(const uint8_t* codes, int64_t blocks, const uint16_t* pair_shift,
+                            const uint32_t* quad_shift, const uint64_t* group_shift,
+                            uint64_t* words) {
+  for (int64_t b = 0; b < blocks; ++b) {
+    const __m512i v = _mm512_loadu_si512(codes + 64 * b);
+    const __m512i pairs = _mm512_or_si512(
+        _mm512_and_si512(v, _mm512_set1_epi16(0xFF)),
+        _mm512_sllv_epi16(_mm512_srli_epi16(v, 8), _mm512_loadu_si512(pair_shift + 32 * b)));
+    const __m512i quads = _mm512_or_si512(
+        _mm512_and_si512(pairs, _mm512_set1_epi32(0xFFFF)),
+        _mm512_sllv_epi32(_mm512_srli_epi32(pairs, 16), _mm512_loadu_si512(quad_shift + 16 * b)));
+    const __m512i groups = _mm512_or_si512(
+        _mm512_and_si512(quads, _mm512_set1_epi64(0xFFFFFFFF)),
+        _mm512_sllv_epi64(_mm512_srli_epi64(quads, 32), _mm512_loadu_si512(group_shift + 8 * b)));
+    _mm512_storeu_si512(words + 8 * b, groups);
+  }
+}
+
+// Each code lies within two neighbouring bytes (width <= 8): a byte permutation of a 64-byte
+// window brings those two bytes into the code's 16-bit lane, a variable shift and a mask finish.
+// A chunk's 32 codes span at most 33 bytes of its window.
+AMAQ_AVX512 void ExtractChunks(const uint8_t* packed, size_t size, uint64_t row_bit, int64_t chunks,
+                               const uint32_t* chunk_start, const uint16_t* offset,
+                               const uint16_t* mask, uint8_t* codes) {
+  for (int64_t k = 0; k < chunks; ++k) {
+    const uint64_t bit = row_bit + chunk_start[k];
+    const uint64_t byte = bit >> 3;
+    const uint64_t left = size - byte;  // > 0: the chunk's codes are in the stream
+    const __m512i window = left >= 64 ? _mm512_loadu_si512(packed + byte)
+                                      : _mm512_maskz_loadu_epi8((uint64_t{1} << left) - 1, packed + byte);
+    const __m512i rel = _mm512_add_epi16(_mm512_loadu_si512(offset + 32 * k),
+                                         _mm512_set1_epi16(static_cast<int16_t>(bit & 7)));
+    const __m512i first = _mm512_srli_epi16(rel, 3);
+    const __m512i index =
+        _mm512_or_si512(first, _mm512_slli_epi16(_mm512_add_epi16(first, _mm512_set1_epi16(1)), 8));
+    const __m512i two_bytes = _mm512_permutexvar_epi8(index, window);
+    const __m512i value = _mm512_and_si512(
+        _mm512_srlv_epi16(two_bytes, _mm512_and_si512(rel, _mm512_set1_epi16(7))),
+        _mm512_loadu_si512(mask + 32 * k));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + 32 * k), _mm512_cvtepi16_epi8(value));
+  }
+}
+
+}  // namespace amaq::quant::avx512
+
+#else  // not x86-64: ActiveIsa() is never kAvx512, so these are never called
+
+#include <cstdlib>
+
+namespace amaq::quant::avx512 {
+void QuantizeRowPerChannel(const float*, int64_t, const float*, const float*, const float*, uint8_t*) { std::abort(); }
+void DequantizeRowPerChannel(const uint8_t*, int64_t, const float*, const float*, float*, bool) { std::abort(); }
+void RangeOfColumns(const float*, int64_t, int64_t, float*, float*, float*) { std::abort(); }
+void JoinGroups(const uint8_t*, int64_t, const uint16_t*, const uint32_t*, const uint64_t*, uint64_t*) { std::abort(); }
+void ExtractChunks(const uint8_t*, size_t, uint64_t, int64_t, const uint32_t*, const uint16_t*, const uint16_t*, uint8_t*) { std::abort(); }
+}  // namespace amaq::quant::avx512
+
+#endif

@@ -1,0 +1,37 @@
+// AVX-512 (F, BW, VL, VBMI) versions of the codec's hottest loops. Each gives exactly what its
+// portable counterpart gives (the same IEEE operations in the same order per element, no FMA);
+// callers reach them through the dispatch in quant/kernels.h, quant/grid.cc and quant/bitpack.h
+// when ActiveIsa() is Isa::kAvx512, and must not call them on a CPU without it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace amaq::quant::avx512 {
+
+// quant/kernels.h's per-channel loops; `bypass_cache` writes `out` with non-temporal stores.
+void QuantizeRowPerChannel(const float* x, int64_t n, const float* zeros, const float* inv_steps,
+                           const float* max_codes, uint8_t* codes);
+void DequantizeRowPerChannel(const uint8_t* codes, int64_t n, const float* zeros,
+                             const float* steps, float* out, bool bypass_cache);
+
+// Per-column min and max over all rows into lo/hi (cols each); adds NaN to *bad when a value is
+// not finite, 0 otherwise.
+void RangeOfColumns(const float* x, int64_t rows, int64_t cols, float* lo, float* hi, float* bad);
+
+// Joins each group of eight codes into one word (code j shifted by the widths of codes 0..j-1),
+// for `blocks` blocks of 64 codes: words[8 * b + k] is group k of block b. The shift tables hold,
+// per block, the width of the first code of each pair (32 entries), of the first pair of each
+// quad (16) and of the first quad of each group (8).
+void JoinGroups(const uint8_t* codes, int64_t blocks, const uint16_t* pair_shift,
+                const uint32_t* quad_shift, const uint64_t* group_shift, uint64_t* words);
+
+// Extracts `chunks` chunks of 32 codes from the bit stream [packed, packed + size), the row
+// starting at bit `row_bit`: chunk k starts chunk_start[k] bits into the row, and its code j
+// `offset[32 * k + j]` bits into the chunk with `mask[32 * k + j]` = 2^width - 1. Reads no byte
+// outside the stream.
+void ExtractChunks(const uint8_t* packed, size_t size, uint64_t row_bit, int64_t chunks,
+                   const uint32_t* chunk_start, const uint16_t* offset, const uint16_t* mask,
+                   uint8_t* codes);
+
+}  // namespace amaq::quant::avx512
