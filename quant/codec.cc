@@ -14,6 +14,8 @@
 #include "quant/checksum.h"
 #include "quant/grid.h"
 #include "quant/half.h"
+#include "quant/isa.h"
+#include "quant/kernels_avx512.h"
 #include "quant/kernels.h"
 
 namespace amaq::quant {
@@ -166,7 +168,11 @@ void WriteFloats(const float* x, uint64_t n, Scheme scheme, uint8_t* out, float*
     return;
   }
   const uint16_t infinity = scheme == Scheme::kBFloat16 ? 0x7f80 : 0x7c00;  // the exponent bits
-  for (uint64_t i = 0; i < n; ++i) {
+  uint64_t i = 0;  // the vector kernel stops where a value overflows: the loop below reports it
+  if (ActiveIsa() == Isa::kAvx512) {
+    i = static_cast<uint64_t>(avx512::NarrowFloats(x, static_cast<int64_t>(n), scheme == Scheme::kBFloat16, out, reconstruction));
+  }
+  for (; i < n; ++i) {
     const uint16_t h = scheme == Scheme::kBFloat16 ? FloatToBFloat16(x[i]) : FloatToHalf(x[i]);
     if ((h & infinity) == infinity) {  // not Require: its message would be built for every element
       throw Error(ErrorCode::kInvalidArgument, "value " + std::to_string(x[i]) + " at element " + std::to_string(i) +
@@ -182,6 +188,10 @@ void ReadFloats(const uint8_t* in, uint64_t n, Scheme scheme, float* out) {
   if (n == 0) return;  // in and out may be null
   if (scheme == Scheme::kFloat32) {
     std::memcpy(out, in, n * sizeof(float));
+    return;
+  }
+  if (ActiveIsa() == Isa::kAvx512) {
+    avx512::WidenFloats(in, static_cast<int64_t>(n), scheme == Scheme::kBFloat16, out);
     return;
   }
   for (uint64_t i = 0; i < n; ++i) {

@@ -185,6 +185,48 @@ AMAQ_AVX512 void ExtractChunks(const uint8_t* packed, size_t size, uint64_t row_
   }
 }
 
+namespace {
+
+// quant/half.h's FloatToBFloat16 for finite x: (bits + 0x7fff + bit 16) >> 16.
+AMAQ_AVX512 inline __m256i ToBFloat16(__m512 x) {
+  const __m512i bits = _mm512_castps_si512(x);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7fff)), odd);
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
+}
+
+AMAQ_AVX512 inline __m512 FromFloat16(__m256i h, bool bf16) {
+  return bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
+}
+
+}  // namespace
+
+AMAQ_AVX512 int64_t NarrowFloats(const float* x, int64_t n, bool bf16, uint8_t* out,
+                                 float* reconstruction) {
+  const __m256i exponent = _mm256_set1_epi16(static_cast<int16_t>(bf16 ? 0x7f80 : 0x7c00));
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    const __m256i h = bf16 ? ToBFloat16(v) : _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    if (_mm256_cmpeq_epi16_mask(_mm256_and_si256(h, exponent), exponent) != 0) return i;
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 2 * i), h);
+    if (reconstruction) _mm512_storeu_ps(reconstruction + i, FromFloat16(h, bf16));
+  }
+  return i;
+}
+
+AMAQ_AVX512 void WidenFloats(const uint8_t* in, int64_t n, bool bf16, float* out) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + 2 * i));
+    _mm512_storeu_ps(out + i, FromFloat16(h, bf16));
+  }
+  if (i < n) {
+    const __mmask16 m = FirstLanes(n - i);
+    _mm512_mask_storeu_ps(out + i, m, FromFloat16(_mm256_maskz_loadu_epi16(m, in + 2 * i), bf16));
+  }
+}
+
 }  // namespace amaq::quant::avx512
 
 #else  // not x86-64: ActiveIsa() is never kAvx512, so these are never called
@@ -197,6 +239,8 @@ void DequantizeRowPerChannel(const uint8_t*, int64_t, const float*, const float*
 void RangeOfColumns(const float*, int64_t, int64_t, float*, float*, float*) { std::abort(); }
 void JoinGroups(const uint8_t*, int64_t, const uint16_t*, const uint32_t*, const uint64_t*, uint64_t*) { std::abort(); }
 void ExtractChunks(const uint8_t*, size_t, uint64_t, int64_t, const uint32_t*, const uint16_t*, const uint16_t*, uint8_t*) { std::abort(); }
+int64_t NarrowFloats(const float*, int64_t, bool, uint8_t*, float*) { std::abort(); }
+void WidenFloats(const uint8_t*, int64_t, bool, float*) { std::abort(); }
 }  // namespace amaq::quant::avx512
 
 #endif

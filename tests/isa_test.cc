@@ -4,6 +4,8 @@
 // On a CPU without AVX-512 the comparisons are skipped (and say so).
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -89,6 +91,45 @@ TEST_F(IsaTest, EveryLayoutAndShapeGivesTheSameBytesAndFloats) {
       ASSERT_EQ(portable.decoded, fast.decoded);
       // Each path decodes what the other encoded, and the decoded floats are the reconstruction.
       ASSERT_EQ(fast.decoded, portable.reconstruction);
+    }
+  }
+}
+
+TEST_F(IsaTest, SixteenBitCastsGiveTheSameBytesAndRefuseTheSameOverflow) {
+  // Random finite bit patterns (every exponent, so half's subnormals and ties are hit), scaled
+  // into each format's range, in a length that leaves a tail after the last block of 16.
+  std::mt19937 rng(3);
+  for (Scheme scheme : {Scheme::kBFloat16, Scheme::kFloat16}) {
+    SCOPED_TRACE(ToString(scheme));
+    const float limit = scheme == Scheme::kFloat16 ? 65000.0f : 1e38f;
+    std::vector<float> x(16 * 500 + 7);
+    for (float& v : x) {
+      uint32_t bits = static_cast<uint32_t>(rng());
+      float f;
+      std::memcpy(&f, &bits, 4);
+      if (!std::isfinite(f) || std::fabs(f) > limit) f = std::ldexp(static_cast<float>(bits % 1000) - 500.0f, -static_cast<int>(bits % 40));
+      v = f;
+    }
+    EncodeOptions o;
+    o.scheme = scheme;
+    const int64_t n = static_cast<int64_t>(x.size());
+    const Result portable = Under(Isa::kPortable, [&] { return Roundtrip(x, 1, n, BitsTable::Uniform(8), o); });
+    const Result fast = Under(Isa::kAvx512, [&] { return Roundtrip(x, 1, n, BitsTable::Uniform(8), o); });
+    ASSERT_EQ(portable.bytes, fast.bytes);
+    ASSERT_EQ(portable.reconstruction, fast.reconstruction);
+    ASSERT_EQ(portable.decoded, fast.decoded);
+    // A value beyond the range, inside a block of 16, is refused with its index on both paths.
+    x[100] = scheme == Scheme::kFloat16 ? 70000.0f : 3.4e38f;
+    for (Isa isa : {Isa::kPortable, Isa::kAvx512}) {
+      const std::string message = Under(isa, [&] {
+        try {
+          Roundtrip(x, 1, n, BitsTable::Uniform(8), o);
+        } catch (const Error& e) {
+          return std::string(e.what());
+        }
+        return std::string("no error");
+      });
+      EXPECT_NE(message.find("at element 100 "), std::string::npos) << ToString(isa) << ": " << message;
     }
   }
 }
