@@ -90,11 +90,12 @@ void BM_Decode(benchmark::State& state) {
 }
 
 // Args: {bits (0 = mixed 3..8 per channel), zstd, scheme (3 affine; 4 symmetric, AQ-SGD's deltas;
-// 2 the fp16 cast, bits unused), kernels (1 the best this CPU runs, 0 portable)}
+// 2 the fp16 cast and 1 the bf16 cast, bits unused), kernels (1 the best this CPU runs, 0 portable)}
 #define AMAQ_CODEC_ARGS                                                                                    \
   ArgNames({"bits", "zstd", "scheme", "best"})                                                             \
       ->Args({3, 0, 3, 1})->Args({4, 0, 3, 1})->Args({8, 0, 3, 1})->Args({0, 0, 3, 1})                     \
-      ->Args({3, 1, 3, 1})->Args({8, 1, 3, 1})->Args({4, 0, 4, 1})->Args({16, 0, 2, 1})                    \
+      ->Args({3, 1, 3, 1})->Args({8, 1, 3, 1})->Args({4, 0, 4, 1})->Args({16, 0, 2, 1})->Args({16, 0, 1, 1}) \
+      ->Args({16, 0, 2, 0})                                                                               \
       ->Args({3, 0, 3, 0})->Args({4, 0, 3, 0})->Args({8, 0, 3, 0})->Args({0, 0, 3, 0})                     \
       ->Unit(benchmark::kMillisecond)
 BENCHMARK(BM_Encode)->AMAQ_CODEC_ARGS;
