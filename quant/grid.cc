@@ -17,6 +17,10 @@ constexpr int kLanes = 16;  // independent partial minima/maxima: lets the compi
 
 // Min and max of n values; `bad` becomes NaN when any value is NaN or infinite (x - x != 0).
 AMAQ_VECTOR_CLONES void RangeOfRun(const float* x, int64_t n, float* lo, float* hi, float* bad) {
+  if (ActiveIsa() == Isa::kAvx512) {
+    avx512::RangeOfRun(x, n, lo, hi, bad);
+    return;
+  }
   float part_lo[kLanes], part_hi[kLanes], part_bad[kLanes] = {};
   for (int j = 0; j < kLanes; ++j) part_lo[j] = part_hi[j] = x[0];
   int64_t i = 0;
@@ -48,6 +52,10 @@ AMAQ_VECTOR_CLONES void RangeOfRun(const float* x, int64_t n, float* lo, float* 
 // serial floating-point chain stops the loop from vectorizing.
 AMAQ_VECTOR_CLONES void RangeOfColumns(const float* x, int64_t rows, int64_t cols, float* lo,
                                        float* hi, float* bad) {
+  if (ActiveIsa() == Isa::kAvx512) {
+    avx512::RangeOfColumns(x, rows, cols, lo, hi, bad);
+    return;
+  }
   std::copy(x, x + cols, lo);
   std::copy(x, x + cols, hi);
   float part_bad[kLanes] = {};
@@ -192,11 +200,7 @@ ScaleGrid ComputeGrid(const float* x, int64_t rows, int64_t cols, const GridSpec
         RangeOfRun(x, rows * cols, &lo[0], &hi[0], &bad);
         break;
       case Granularity::kChannel:
-        if (ActiveIsa() == Isa::kAvx512) {
-          avx512::RangeOfColumns(x, rows, cols, lo.data(), hi.data(), &bad);
-        } else {
-          RangeOfColumns(x, rows, cols, lo.data(), hi.data(), &bad);
-        }
+        RangeOfColumns(x, rows, cols, lo.data(), hi.data(), &bad);
         break;
       case Granularity::kToken:
         for (int64_t r = 0; r < rows; ++r) RangeOfRun(x + r * cols, cols, &lo[r], &hi[r], &bad);

@@ -2,8 +2,9 @@
 // and floats (tests/isa_test.cc compares them); only the speed differs.
 //
 //   kPortable: plain C++ (the element loops still get AVX2 clones, quant/kernels.h).
-//   kAvx512:   hand-written AVX-512 (F, BW, VL, VBMI) kernels for per-channel quantization, the
-//              column ranges, bit packing and the 16-bit casts (quant/kernels_avx512.h).
+//   kAvx512:   hand-written AVX-512 (F, BW, VL, VBMI) kernels for quantization (per channel
+//              and per run of one scale), the ranges, bit packing and the 16-bit casts
+//              (quant/kernels_avx512.h).
 //
 // ActiveIsa() is the best the CPU supports, unless SetIsa chose another. The choice is one
 // process-wide setting, read at the start of each kernel; change it only while no codec runs (a

@@ -52,6 +52,10 @@ inline uint8_t StochasticCode(float u, float max_code, uint64_t* state) {
 
 AMAQ_VECTOR_CLONES void QuantizeRun(const float* x, int64_t n, float zero, float inv_step, float max_code,
                  uint8_t* codes) {
+  if (ActiveIsa() == Isa::kAvx512) {
+    avx512::QuantizeRun(x, n, zero, inv_step, max_code, codes);
+    return;
+  }
   ForEachPrefetched(x, n, [&](int64_t i) {
     codes[i] = RoundHalfEven(Clamp((x[i] - zero) * inv_step, max_code));
   });
@@ -65,6 +69,10 @@ AMAQ_VECTOR_CLONES void QuantizeRunStochastic(const float* x, int64_t n, float z
 }
 
 AMAQ_VECTOR_CLONES void DequantizeRun(const uint8_t* codes, int64_t n, float zero, float step, float* out) {
+  if (ActiveIsa() == Isa::kAvx512) {
+    avx512::DequantizeRun(codes, n, zero, step, out);
+    return;
+  }
   for (int64_t i = 0; i < n; ++i) out[i] = zero + static_cast<float>(codes[i]) * step;
 }
 

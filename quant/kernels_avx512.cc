@@ -38,30 +38,38 @@ AMAQ_AVX512 inline __m512i Codes16(__m512 x, __m512 zero, __m512 inv_step, __m51
   return _mm512_cvt_roundps_epi32(u, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
 
-AMAQ_AVX512 inline __m512i CodesAt(const float* x, const float* zeros, const float* inv_steps,
-                                   const float* max_codes, int64_t i) {
-  return Codes16(_mm512_loadu_ps(x + i), _mm512_loadu_ps(zeros + i), _mm512_loadu_ps(inv_steps + i),
-                 _mm512_loadu_ps(max_codes + i));
-}
-
 AMAQ_AVX512 inline __m512 Dequantize16(__m128i codes, __m512 zero, __m512 step) {
   const __m512 c = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(codes));
   return _mm512_add_ps(zero, _mm512_mul_ps(c, step));
 }
 
-// Elements i.. of the lanes in m.
-AMAQ_AVX512 inline void DequantizeMasked(const uint8_t* codes, const float* zeros, const float* steps,
-                                         float* out, int64_t i, __mmask16 m) {
-  const __m128i c = _mm_maskz_loadu_epi8(m, codes + i);
-  _mm512_mask_storeu_ps(out + i, m, Dequantize16(c, _mm512_maskz_loadu_ps(m, zeros + i),
-                                                 _mm512_maskz_loadu_ps(m, steps + i)));
+// Where the scales of elements i..i+15 come from: one per channel (loaded), or one for the run
+// (broadcast). `step` is the step or its reciprocal, as the loop needs.
+struct ChannelScales {
+  const float* zero;
+  const float* step;
+  const float* max_code;
+  AMAQ_AVX512 __m512 Zero(int64_t i, __mmask16 m) const { return _mm512_maskz_loadu_ps(m, zero + i); }
+  AMAQ_AVX512 __m512 Step(int64_t i, __mmask16 m) const { return _mm512_maskz_loadu_ps(m, step + i); }
+  AMAQ_AVX512 __m512 MaxCode(int64_t i, __mmask16 m) const { return _mm512_maskz_loadu_ps(m, max_code + i); }
+};
+
+struct RunScales {
+  float zero, step, max_code;
+  AMAQ_AVX512 __m512 Zero(int64_t, __mmask16) const { return _mm512_set1_ps(zero); }
+  AMAQ_AVX512 __m512 Step(int64_t, __mmask16) const { return _mm512_set1_ps(step); }
+  AMAQ_AVX512 __m512 MaxCode(int64_t, __mmask16) const { return _mm512_set1_ps(max_code); }
+};
+
+constexpr __mmask16 kAllLanes = 0xFFFF;
+
+template <typename Scales>
+AMAQ_AVX512 inline __m512i CodesAt(const float* x, const Scales& s, int64_t i, __mmask16 m = kAllLanes) {
+  return Codes16(_mm512_maskz_loadu_ps(m, x + i), s.Zero(i, m), s.Step(i, m), s.MaxCode(i, m));
 }
 
-}  // namespace
-
-AMAQ_AVX512 void QuantizeRowPerChannel(const float* x, int64_t n, const float* zeros,
-                                       const float* inv_steps, const float* max_codes,
-                                       uint8_t* codes) {
+template <typename Scales>
+AMAQ_AVX512 void Quantize(const float* x, int64_t n, const Scales& s, uint8_t* codes) {
   // 64 codes per round: two saturating packs narrow four vectors of 32-bit codes to bytes
   // (interleaved by 128-bit lane), one permutation puts them back in order.
   const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
@@ -70,42 +78,96 @@ AMAQ_AVX512 void QuantizeRowPerChannel(const float* x, int64_t n, const float* z
     for (int k = 0; k < 64; k += 16) {
       _mm_prefetch(reinterpret_cast<const char*>(x + i + k + kPrefetchAhead), _MM_HINT_T0);
     }
-    const __m512i q01 = _mm512_packus_epi32(CodesAt(x, zeros, inv_steps, max_codes, i),
-                                            CodesAt(x, zeros, inv_steps, max_codes, i + 16));
-    const __m512i q23 = _mm512_packus_epi32(CodesAt(x, zeros, inv_steps, max_codes, i + 32),
-                                            CodesAt(x, zeros, inv_steps, max_codes, i + 48));
+    const __m512i q01 = _mm512_packus_epi32(CodesAt(x, s, i), CodesAt(x, s, i + 16));
+    const __m512i q23 = _mm512_packus_epi32(CodesAt(x, s, i + 32), CodesAt(x, s, i + 48));
     _mm512_storeu_si512(codes + i, _mm512_permutexvar_epi32(order, _mm512_packus_epi16(q01, q23)));
   }
   for (; i < n; i += 16) {
-    const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : FirstLanes(n - i);
-    const __m512i q = Codes16(_mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, zeros + i),
-                              _mm512_maskz_loadu_ps(m, inv_steps + i),
-                              _mm512_maskz_loadu_ps(m, max_codes + i));
-    _mm512_mask_cvtepi32_storeu_epi8(codes + i, m, q);
+    const __mmask16 m = n - i >= 16 ? kAllLanes : FirstLanes(n - i);
+    _mm512_mask_cvtepi32_storeu_epi8(codes + i, m, CodesAt(x, s, i, m));
   }
 }
 
-AMAQ_AVX512 void DequantizeRowPerChannel(const uint8_t* codes, int64_t n, const float* zeros,
-                                         const float* steps, float* out, bool bypass_cache) {
+template <typename Scales>
+AMAQ_AVX512 inline __m512 ValuesAt(const uint8_t* codes, const Scales& s, int64_t i, __mmask16 m = kAllLanes) {
+  return Dequantize16(_mm_maskz_loadu_epi8(m, codes + i), s.Zero(i, m), s.Step(i, m));
+}
+
+template <typename Scales>
+AMAQ_AVX512 void Dequantize(const uint8_t* codes, int64_t n, const Scales& s, float* out,
+                            bool bypass_cache) {
   int64_t i = 0;
   if (bypass_cache) {  // non-temporal stores need 64-byte alignment: the head goes first
     const auto misaligned = static_cast<int64_t>(reinterpret_cast<uintptr_t>(out) % 64) / 4;
     if (misaligned != 0) {
       i = std::min(n, 16 - misaligned);
-      DequantizeMasked(codes, zeros, steps, out, 0, FirstLanes(i));
+      _mm512_mask_storeu_ps(out, FirstLanes(i), ValuesAt(codes, s, 0, FirstLanes(i)));
     }
   }
   for (; i + 16 <= n; i += 16) {
-    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i));
-    const __m512 v = Dequantize16(c, _mm512_loadu_ps(zeros + i), _mm512_loadu_ps(steps + i));
+    const __m512 v = ValuesAt(codes, s, i);
     if (bypass_cache) {
       _mm512_stream_ps(out + i, v);
     } else {
       _mm512_storeu_ps(out + i, v);
     }
   }
-  if (i < n) DequantizeMasked(codes, zeros, steps, out, i, FirstLanes(n - i));
+  if (i < n) _mm512_mask_storeu_ps(out + i, FirstLanes(n - i), ValuesAt(codes, s, i, FirstLanes(n - i)));
   if (bypass_cache) _mm_sfence();
+}
+
+}  // namespace
+
+AMAQ_AVX512 void QuantizeRowPerChannel(const float* x, int64_t n, const float* zeros,
+                                       const float* inv_steps, const float* max_codes,
+                                       uint8_t* codes) {
+  Quantize(x, n, ChannelScales{zeros, inv_steps, max_codes}, codes);
+}
+
+AMAQ_AVX512 void DequantizeRowPerChannel(const uint8_t* codes, int64_t n, const float* zeros,
+                                         const float* steps, float* out, bool bypass_cache) {
+  Dequantize(codes, n, ChannelScales{zeros, steps, nullptr}, out, bypass_cache);
+}
+
+AMAQ_AVX512 void QuantizeRun(const float* x, int64_t n, float zero, float inv_step, float max_code,
+                             uint8_t* codes) {
+  Quantize(x, n, RunScales{zero, inv_step, max_code}, codes);
+}
+
+AMAQ_AVX512 void DequantizeRun(const uint8_t* codes, int64_t n, float zero, float step, float* out) {
+  Dequantize(codes, n, RunScales{zero, step, 0.0f}, out, false);
+}
+
+// Sixteen partial minima and maxima, reduced in lane order as the portable loop does (so a zero
+// extreme keeps the same sign); NaN by an unordered compare, infinities show in lo or hi.
+AMAQ_AVX512 void RangeOfRun(const float* x, int64_t n, float* lo, float* hi, float* bad) {
+  __m512 l = _mm512_set1_ps(x[0]), h = l;
+  __mmask16 nan = 0;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    _mm_prefetch(reinterpret_cast<const char*>(x + i + kPrefetchAhead), _MM_HINT_T0);
+    const __m512 v = _mm512_loadu_ps(x + i);
+    l = _mm512_min_ps(v, l);
+    h = _mm512_max_ps(v, h);
+    nan = static_cast<__mmask16>(nan | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q));
+  }
+  float part_lo[16], part_hi[16];
+  _mm512_storeu_ps(part_lo, l);
+  _mm512_storeu_ps(part_hi, h);
+  float lo_all = part_lo[0], hi_all = part_hi[0];
+  for (int j = 0; j < 16; ++j) {
+    lo_all = std::min(lo_all, part_lo[j]);
+    hi_all = std::max(hi_all, part_hi[j]);
+  }
+  bool finite = nan == 0;
+  for (; i < n; ++i) {
+    lo_all = std::min(lo_all, x[i]);
+    hi_all = std::max(hi_all, x[i]);
+    finite = finite && std::isfinite(x[i]);
+  }
+  *lo = lo_all;
+  *hi = hi_all;
+  if (!(finite && std::isfinite(lo_all) && std::isfinite(hi_all))) *bad += std::numeric_limits<float>::quiet_NaN();
 }
 
 // Rows are taken four at a time, so lo and hi are loaded and stored once per four rows; each
@@ -120,7 +182,7 @@ AMAQ_AVX512 void RangeOfColumns(const float* x, int64_t rows, int64_t cols, floa
   for (int64_t r0 = 0; r0 < rows; r0 += 4) {
     const int64_t r_end = std::min(rows, r0 + 4);
     for (int64_t c = 0; c < cols; c += 16) {
-      const __mmask16 m = cols - c >= 16 ? static_cast<__mmask16>(0xFFFF) : FirstLanes(cols - c);
+      const __mmask16 m = cols - c >= 16 ? kAllLanes : FirstLanes(cols - c);
       __m512 l = _mm512_maskz_loadu_ps(m, lo + c);
       __m512 h = _mm512_maskz_loadu_ps(m, hi + c);
       for (int64_t r = r0; r < r_end; ++r) {
@@ -236,6 +298,9 @@ AMAQ_AVX512 void WidenFloats(const uint8_t* in, int64_t n, bool bf16, float* out
 namespace amaq::quant::avx512 {
 void QuantizeRowPerChannel(const float*, int64_t, const float*, const float*, const float*, uint8_t*) { std::abort(); }
 void DequantizeRowPerChannel(const uint8_t*, int64_t, const float*, const float*, float*, bool) { std::abort(); }
+void QuantizeRun(const float*, int64_t, float, float, float, uint8_t*) { std::abort(); }
+void DequantizeRun(const uint8_t*, int64_t, float, float, float*) { std::abort(); }
+void RangeOfRun(const float*, int64_t, float*, float*, float*) { std::abort(); }
 void RangeOfColumns(const float*, int64_t, int64_t, float*, float*, float*) { std::abort(); }
 void JoinGroups(const uint8_t*, int64_t, const uint16_t*, const uint32_t*, const uint64_t*, uint64_t*) { std::abort(); }
 void ExtractChunks(const uint8_t*, size_t, uint64_t, int64_t, const uint32_t*, const uint16_t*, const uint16_t*, uint8_t*) { std::abort(); }

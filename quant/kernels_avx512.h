@@ -15,6 +15,13 @@ void QuantizeRowPerChannel(const float* x, int64_t n, const float* zeros, const 
 void DequantizeRowPerChannel(const uint8_t* codes, int64_t n, const float* zeros,
                              const float* steps, float* out, bool bypass_cache);
 
+// quant/kernels.h's loops over a run that shares one scale (nearest rounding).
+void QuantizeRun(const float* x, int64_t n, float zero, float inv_step, float max_code, uint8_t* codes);
+void DequantizeRun(const uint8_t* codes, int64_t n, float zero, float step, float* out);
+
+// Min and max of n >= 1 values into *lo/*hi; adds NaN to *bad when a value is not finite.
+void RangeOfRun(const float* x, int64_t n, float* lo, float* hi, float* bad);
+
 // Per-column min and max over all rows into lo/hi (cols each); adds NaN to *bad when a value is
 // not finite, 0 otherwise.
 void RangeOfColumns(const float* x, int64_t rows, int64_t cols, float* lo, float* hi, float* bad);

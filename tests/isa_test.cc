@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -82,6 +83,12 @@ TEST_F(IsaTest, EveryLayoutAndShapeGivesTheSameBytesAndFloats) {
     group.granularity = Granularity::kGroup;
     group.group_size = 16;
     cases.push_back({"group 16, 3 bits", BitsTable::Uniform(3), group});
+    EncodeOptions tensor;
+    tensor.granularity = Granularity::kTensor;
+    cases.push_back({"per-tensor 5 bits", BitsTable::Uniform(5), tensor});
+    EncodeOptions token_symmetric = token;
+    token_symmetric.scheme = Scheme::kSymmetric;
+    cases.push_back({"per-token symmetric 4 bits", BitsTable::Uniform(4), token_symmetric});
     for (const Case& c : cases) {
       SCOPED_TRACE(c.name + " [" + std::to_string(rows) + ", " + std::to_string(cols) + "]");
       const Result portable = Under(Isa::kPortable, [&] { return Roundtrip(x, rows, cols, c.bits, c.options); });
@@ -130,6 +137,30 @@ TEST_F(IsaTest, SixteenBitCastsGiveTheSameBytesAndRefuseTheSameOverflow) {
         return std::string("no error");
       });
       EXPECT_NE(message.find("at element 100 "), std::string::npos) << ToString(isa) << ": " << message;
+    }
+  }
+}
+
+TEST_F(IsaTest, NonFiniteInputIsRefusedOnBothPaths) {
+  // One bad value at a place no block boundary favours, for each granularity's range pass.
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity()}) {
+    for (Granularity g : {Granularity::kChannel, Granularity::kToken, Granularity::kTensor}) {
+      std::vector<float> x = testing::GaussianTensor(9, 37, 5);
+      x[4 * 37 + 21] = bad;
+      EncodeOptions o;
+      o.granularity = g;
+      for (Isa isa : {Isa::kPortable, Isa::kAvx512}) {
+        const bool refused = Under(isa, [&] {
+          try {
+            Encoder().Encode(x.data(), 9, 37, BitsTable::Uniform(4), o);
+          } catch (const Error& e) {
+            return e.code() == ErrorCode::kInvalidArgument;
+          }
+          return false;
+        });
+        EXPECT_TRUE(refused) << ToString(isa) << " " << ToString(g) << " " << bad;
+      }
     }
   }
 }
