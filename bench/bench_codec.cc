@@ -38,6 +38,7 @@ EncodeOptions Options(const benchmark::State& state) {
   EncodeOptions o;
   o.zstd = state.range(1) != 0;
   o.scheme = static_cast<Scheme>(state.range(2));
+  if (state.range(4) != 0) o.granularity = Granularity::kToken;
   return o;
 }
 
@@ -90,13 +91,15 @@ void BM_Decode(benchmark::State& state) {
 }
 
 // Args: {bits (0 = mixed 3..8 per channel), zstd, scheme (3 affine; 4 symmetric, AQ-SGD's deltas;
-// 2 the fp16 cast and 1 the bf16 cast, bits unused), kernels (1 the best this CPU runs, 0 portable)}
-#define AMAQ_CODEC_ARGS                                                                                    \
-  ArgNames({"bits", "zstd", "scheme", "best"})                                                             \
-      ->Args({3, 0, 3, 1})->Args({4, 0, 3, 1})->Args({8, 0, 3, 1})->Args({0, 0, 3, 1})                     \
-      ->Args({3, 1, 3, 1})->Args({8, 1, 3, 1})->Args({4, 0, 4, 1})->Args({16, 0, 2, 1})->Args({16, 0, 1, 1}) \
-      ->Args({16, 0, 2, 0})                                                                               \
-      ->Args({3, 0, 3, 0})->Args({4, 0, 3, 0})->Args({8, 0, 3, 0})->Args({0, 0, 3, 0})                     \
+// 2 the fp16 cast and 1 the bf16 cast, bits unused), kernels (1 the best this CPU runs, 0 portable),
+// token (1: per-token scales, as the default method's gradients; 0: per-channel)}
+#define AMAQ_CODEC_ARGS                                                                         \
+  ArgNames({"bits", "zstd", "scheme", "best", "token"})                                         \
+      ->Args({3, 0, 3, 1, 0})->Args({4, 0, 3, 1, 0})->Args({8, 0, 3, 1, 0})->Args({0, 0, 3, 1, 0}) \
+      ->Args({3, 1, 3, 1, 0})->Args({8, 1, 3, 1, 0})->Args({4, 0, 4, 1, 0})                       \
+      ->Args({16, 0, 2, 1, 0})->Args({16, 0, 1, 1, 0})->Args({16, 0, 2, 0, 0})                    \
+      ->Args({4, 0, 4, 1, 1})->Args({4, 0, 4, 0, 1})                                              \
+      ->Args({3, 0, 3, 0, 0})->Args({4, 0, 3, 0, 0})->Args({8, 0, 3, 0, 0})->Args({0, 0, 3, 0, 0}) \
       ->Unit(benchmark::kMillisecond)
 BENCHMARK(BM_Encode)->AMAQ_CODEC_ARGS;
 BENCHMARK(BM_Decode)->AMAQ_CODEC_ARGS;
