@@ -84,19 +84,18 @@ void RowLayout::Pack(const uint8_t* codes, BitWriter& writer) const {
 }
 
 void RowLayout::Unpack(const uint8_t* packed, size_t size, uint64_t row_bit, uint8_t* codes) const {
+  int64_t groups_done = 0;
+  uint64_t bit = row_bit;
   if (ActiveIsa() == Isa::kAvx512 && !chunk_start_.empty()) {
     const int64_t chunks = static_cast<int64_t>(chunk_start_.size()) - 1;
     avx512::ExtractChunks(packed, size, row_bit, chunks, chunk_start_.data(), chunk_offset_.data(),
                           chunk_mask_.data(), codes);
-    BitReader reader(packed, size, row_bit + chunk_start_.back());
-    for (int64_t c = kChunk * chunks; c < cols_; ++c) {
-      codes[c] = static_cast<uint8_t>(reader.Get(widths_[static_cast<size_t>(c)]));
-    }
-    return;
+    groups_done = chunks * (kChunk / kGroup);
+    bit += chunk_start_.back();
   }
-  BitReader reader(packed, size, row_bit);
+  BitReader reader(packed, size, bit);
   const int64_t full = cols_ / kGroup;
-  for (int64_t k = 0; k < full; ++k) {
+  for (int64_t k = groups_done; k < full; ++k) {
     const Group& g = groups_[static_cast<size_t>(k)];
     const uint64_t word = reader.Get(g.width);
     uint8_t* c = codes + kGroup * k;

@@ -125,7 +125,7 @@ class RowLayout {
  private:
   static constexpr int kGroup = 8;   // codes per joined word
   static constexpr int kBlock = 64;  // codes per AVX-512 join
-  static constexpr int kChunk = 32;  // codes per AVX-512 extraction
+  static constexpr int kChunk = 32;  // codes per AVX-512 extraction (whole groups)
   struct Group {
     uint8_t shift[kGroup];  // bit offset of each code in the group's word (shift[0] = 0)
     uint8_t mask[kGroup];   // 2^width - 1 of each code
