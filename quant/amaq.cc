@@ -170,16 +170,14 @@ void AmaqQuantizer::Schedule() {
   }
   beta_now_ = 0;
   const double desired = budget_->DesiredBits(step_);
-  if (options_.uniform) {
-    const auto width = static_cast<uint8_t>(std::nearbyint(desired));
-    budget_widths_.assign(static_cast<size_t>(gates_.size(0)), width);
-    return;
+  std::vector<float> logits(static_cast<size_t>(gates_.size(0)), 0.0F);  // uniform: all gates alike
+  if (!options_.uniform) {
+    const torch::Tensor z = (options_.alpha * gates_.detach()).to(torch::kCPU, torch::kFloat).contiguous();
+    logits.assign(z.data_ptr<float>(), z.data_ptr<float>() + z.numel());
   }
-  const torch::Tensor z = (options_.alpha * gates_.detach()).to(torch::kCPU, torch::kFloat).contiguous();
-  BitAllocation a = AllocateBits(std::vector<float>(z.data_ptr<float>(), z.data_ptr<float>() + z.numel()),
-                                 options_.bmin, options_.bmax, desired);
+  BitAllocation a = AllocateBits(logits, options_.bmin, options_.bmax, desired);
   budget_widths_ = std::move(a.bits);
-  shift_ = a.shift;
+  if (!options_.uniform) shift_ = a.shift;
 }
 
 void AmaqQuantizer::set_step(int64_t step) {

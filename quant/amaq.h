@@ -40,8 +40,9 @@ struct AmaqOptions {
   ScaleFormat scale_format = ScaleFormat::kFloat16;
   bool zstd = false;
   std::optional<BitBudgetOptions> budget;  // target-average mode (replaces beta and warmup_steps)
-  bool uniform = false;  // with a budget: no learned allocation, every gate at round(desired(step))
-                         // bits and the gates frozen (the control that isolates the annealing)
+  bool uniform = false;  // with a budget: no learned allocation, the gates frozen and every gate at
+                         // the schedule's width; a fractional average puts the first gates one bit
+                         // wider (the control that isolates the annealing, at AMAQ's exact bytes)
 };
 
 // Throws amaq::Error (kInvalidArgument) naming the bad option.

@@ -19,7 +19,8 @@ TEST(Method, ParsesEveryFormToItsCanonicalName) {
       {"fixed:3:grad=4:symmetric:token", "fixed:3:channel:grad=4:token:symmetric"}};
   for (const auto& [text, canonical] : forms) EXPECT_EQ(Method::Parse(text)->ToString(), canonical) << text;
   for (const char* text : {"bf16", "fixed:4:channel", "fixed:3:group:128", "fixed:2:tensor", "fixed:4:token", "amaq:8->3",
-                           "amaq:budget=3.5", "aqsgd:4", "amaq:budget=3:uniform", "amaq:8->2:budget=3:grad=4:token:symmetric", "amaq:budget=4:grad=8",
+                           "amaq:budget=3.5", "aqsgd:4", "amaq:budget=3:uniform", "amaq:8->2:budget=3:grad=4:token:symmetric",
+                           "amaq:8->2:budget=2.75:uniform:grad=4:token:symmetric", "amaq:budget=4:grad=8",
                            "fixed:3:channel:grad=8", "fixed:4:group:64:grad=6", "aqsgd:4:grad=6", "fixed:3:channel:grad=4:token",
                            "amaq:budget=3:grad=3:symmetric", "fixed:3:channel:grad=4:token:symmetric:stochastic"}) {
     EXPECT_EQ(Method::Parse(text)->ToString(), text);
@@ -34,7 +35,8 @@ TEST(Method, ParsesEveryFormToItsCanonicalName) {
 TEST(Method, RefusesBadFormsWithTheAllowedOnes) {
   for (const char* text : {"", "int8", "fixed", "fixed:9", "fixed:0", "fixed:4:row", "fixed:4:channel:8",
                            "amaq:3->8", "amaq:9->3", "amaq:budget=2", "amaq:uniform", "amaq:budget=3:grad=9", "amaq:budget=3:wide", "bf16:grad=8",
-                           "amaq:grad=8:uniform", "aqsgd:1", "aqsgd", "fixed:x", "bf16:4", "fixed:4:group:0",
+                           "amaq:grad=8:uniform", "amaq:8->2:6->2:budget=3", "amaq:budget=3:budget=4", "amaq:budget=3:uniform:uniform",
+                           "amaq:8->2:budget=3:uniform:uniform", "aqsgd:1", "aqsgd", "fixed:x", "bf16:4", "fixed:4:group:0",
                            "fixed:3:grad=4:row", "fixed:3:grad=4:token,token", "fixed:3:grad=:token", "bf16:grad=4:token"}) {
     try {
       Method::Parse(text);

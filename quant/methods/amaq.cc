@@ -118,17 +118,21 @@ class Amaq : public Method {
 }  // namespace
 
 std::unique_ptr<Method> ParseAmaq(const MethodName& name) {
-  if (name.arguments.size() > 2) name.Refuse("amaq takes a range or a budget, then optionally uniform");
+  if (name.arguments.size() > 3) name.Refuse("amaq takes a range, a budget, then optionally uniform");
   double bmax = kDefaultBmax, bmin = kDefaultBmin;
   std::optional<double> budget;
-  bool uniform = false;
+  bool uniform = false, range = false;
   for (const std::string& arg : name.arguments) {
     const size_t arrow = arg.find("->");
     if (arg.rfind("budget=", 0) == 0) {
+      if (budget) name.Refuse("amaq takes one budget");
       budget = name.Number(arg.substr(7));
     } else if (arg == "uniform") {
+      if (uniform) name.Refuse("amaq takes uniform once");
       uniform = true;
     } else if (arrow != std::string::npos) {
+      if (range) name.Refuse("amaq takes one range");
+      range = true;
       bmax = name.Number(arg.substr(0, arrow));
       bmin = name.Number(arg.substr(arrow + 2));
     } else {
