@@ -21,7 +21,7 @@ void ClientOptionKeys(Keys& keys) {
   keys.String("client_id", &O::client_id, "this client's name (must match its token)");
   keys.String("model", &O::model_dir, "Hugging Face model directory (the same base model as the server)");
   keys.Int("cut_layer", &O::cut_layer, "layers [0, cut) run here", 0, 1000);
-  keys.String("method", &O::method, "fp32 | bf16 | fp16 | fixed:<b>[:<granularity>[:<G>]] | amaq[:<bmax>-><bmin>] | amaq:budget=<b>[:uniform] | aqsgd:<b>; a quantized one may end in :grad=<b>[:token][:symmetric][:stochastic]");
+  keys.String("method", &O::method, "fp32 | bf16 | fp16 | fixed:<b>[:<granularity>[:<G>]] | amaq[:<bmax>-><bmin>] | amaq[:<bmax>-><bmin>]:budget=<b>[:uniform] | aqsgd:<b>; a quantized one may end in :grad=<b>[:token][:symmetric][:stochastic]");
   keys.String("base_weights", &O::base_weights, "how the frozen base weights are held (docs/model.md); the server's must match",
               {"fp32", "bf16", "nf4"});
   keys.Bool("recompute_layers", &O::recompute_layers, "recompute the client layers' activations in backward: less memory, one more forward");

@@ -15,7 +15,7 @@ namespace {
 
 constexpr char kForms[] =
     "use fp32, bf16, fp16, fixed:<bits>[:tensor|channel|token|group[:<size>]], amaq[:<bmax>-><bmin>], "
-    "amaq:budget=<bits>[:uniform] or aqsgd:<bits>, each quantized one optionally ending in :grad=<bits>[:token][:symmetric][:stochastic]";
+    "amaq[:<bmax>-><bmin>]:budget=<bits>[:uniform] or aqsgd:<bits>, each quantized one optionally ending in :grad=<bits>[:token][:symmetric][:stochastic]";
 
 // The factory: one line per method.
 std::map<std::string, MethodParser>& Parsers() {

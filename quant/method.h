@@ -4,9 +4,9 @@
 //   fixed:<bits>[:<granularity>[:<group>]]      fixed-bit affine, granularity tensor | channel |
 //                                               token | group (default channel; group size 128)
 //   amaq[:<bmax>-><bmin>]                       AMAQ, default 8->3
-//   amaq:budget=<bits>[:uniform]                AMAQ allocated to a target average (docs/amaq.md);
-//                                               uniform: every channel one width on the same
-//                                               schedule, no learned allocation (the control)
+//   amaq[:<bmax>-><bmin>]:budget=<bits>[:uniform]  AMAQ allocated to a target average (docs/amaq.md);
+//                                               uniform: every channel the schedule's width (one
+//                                               bit apart at most), no learned allocation (the control)
 //   aqsgd:<bits>                                AQ-SGD with <bits>-bit deltas (gradients 8-bit)
 //   <quantized method>:grad=<bits>[:token][:symmetric][:stochastic]
 //                                               its gradients go back at a fixed width, with
