@@ -103,6 +103,43 @@ class Resume(unittest.TestCase):
             with open(os.path.join(out, "report.md")) as f:
                 self.assertIn("| bf16 | fixed:3:channel | +0.0000 |", f.read())
 
+    def test_included_folders_count_as_done_and_are_reported(self):
+        with tempfile.TemporaryDirectory() as d:
+            fake = os.path.join(d, "fake-run")
+            with open(fake, "w") as f:
+                f.write(FAKE_RUN)
+            os.chmod(fake, 0o755)
+            counter = os.path.join(d, "calls")
+            first, second = os.path.join(d, "first.yaml"), os.path.join(d, "second.yaml")
+            with open(first, "w") as f:
+                f.write(f"name: a\nprogram: {fake}\nsettings: {{counter: {counter}}}\ntasks: {{wordnet: {{}}}}\n"
+                        "methods: [bf16]\nseeds: [1, 2]\n")
+            out_a, out_b = os.path.join(d, "a"), os.path.join(d, "b")
+            subprocess.run([os.path.join(ROOT, "scripts", "study"), first, "--out", out_a], check=True,
+                           capture_output=True)
+            with open(second, "w") as f:
+                f.write(f"name: b\nprogram: {fake}\nsettings: {{counter: {counter}}}\ntasks: {{wordnet: {{}}}}\n"
+                        f"methods: [bf16, 'fixed:3:channel']\nseeds: [1, 2]\ninclude: [{out_a}]\n"
+                        "compare: [[bf16, 'fixed:3:channel']]\n")
+            run = subprocess.run([os.path.join(ROOT, "scripts", "study"), second, "--out", out_b], check=True,
+                                 capture_output=True, text=True)
+            self.assertIn("2 already done, 2 to run", run.stdout)
+            with open(counter) as f:
+                self.assertEqual(sorted(c for c in f.read().split("\n") if c),
+                                 ["bf16 1", "bf16 2", "fixed:3:channel 1", "fixed:3:channel 2"], "bf16 ran once, in a")
+            with open(os.path.join(out_b, "results.csv")) as f:
+                self.assertEqual(len(f.readlines()), 5)  # header + the 2 included and the 2 new runs
+            with open(os.path.join(out_b, "report.md")) as f:
+                self.assertIn("| bf16 | fixed:3:channel |", f.read())
+            missing = os.path.join(d, "missing.yaml")
+            with open(missing, "w") as f:
+                f.write(f"name: c\nprogram: {fake}\ntasks: {{wordnet: {{}}}}\nmethods: [bf16]\nseeds: [1]\n"
+                        f"include: [{os.path.join(d, 'nowhere')}]\n")
+            refused = subprocess.run([os.path.join(ROOT, "scripts", "study"), missing, "--out", out_b],
+                                     capture_output=True, text=True)
+            self.assertNotEqual(refused.returncode, 0)
+            self.assertIn("has no runs/ folder: run that study first", refused.stderr)
+
 
 if __name__ == "__main__":
     unittest.main()
