@@ -73,14 +73,19 @@ FAKE_RUN = textwrap.dedent("""\
 """)
 
 
+def fake_program(folder):
+    """Writes FAKE_RUN into folder as an executable; returns its path and that of its call log."""
+    fake = os.path.join(folder, "fake-run")
+    with open(fake, "w") as f:
+        f.write(FAKE_RUN)
+    os.chmod(fake, 0o755)
+    return fake, os.path.join(folder, "calls")
+
+
 class Resume(unittest.TestCase):
     def test_a_second_invocation_skips_finished_runs(self):
         with tempfile.TemporaryDirectory() as d:
-            fake = os.path.join(d, "fake-run")
-            with open(fake, "w") as f:
-                f.write(FAKE_RUN)
-            os.chmod(fake, 0o755)
-            counter = os.path.join(d, "calls")
+            fake, counter = fake_program(d)
             grid = os.path.join(d, "grid.yaml")
             with open(grid, "w") as f:
                 f.write(f"name: t\nprogram: {fake}\nsettings: {{counter: {counter}}}\ntasks: {{wordnet: {{}}}}\n"
@@ -105,11 +110,7 @@ class Resume(unittest.TestCase):
 
     def test_included_folders_count_as_done_and_are_reported(self):
         with tempfile.TemporaryDirectory() as d:
-            fake = os.path.join(d, "fake-run")
-            with open(fake, "w") as f:
-                f.write(FAKE_RUN)
-            os.chmod(fake, 0o755)
-            counter = os.path.join(d, "calls")
+            fake, counter = fake_program(d)
             first, second = os.path.join(d, "first.yaml"), os.path.join(d, "second.yaml")
             with open(first, "w") as f:
                 f.write(f"name: a\nprogram: {fake}\nsettings: {{counter: {counter}}}\ntasks: {{wordnet: {{}}}}\n"
