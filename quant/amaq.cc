@@ -170,14 +170,12 @@ void AmaqQuantizer::Schedule() {
   }
   beta_now_ = 0;
   const double desired = budget_->DesiredBits(step_);
-  std::vector<float> logits(static_cast<size_t>(gates_.size(0)), 0.0F);  // uniform: all gates alike
-  if (!options_.uniform) {
-    const torch::Tensor z = (options_.alpha * gates_.detach()).to(torch::kCPU, torch::kFloat).contiguous();
-    logits.assign(z.data_ptr<float>(), z.data_ptr<float>() + z.numel());
-  }
-  BitAllocation a = AllocateBits(logits, options_.bmin, options_.bmax, desired);
+  // Uniform gates never leave their common start, so their allocation goes by channel index.
+  const torch::Tensor z = (options_.alpha * gates_.detach()).to(torch::kCPU, torch::kFloat).contiguous();
+  BitAllocation a = AllocateBits(std::vector<float>(z.data_ptr<float>(), z.data_ptr<float>() + z.numel()),
+                                 options_.bmin, options_.bmax, desired);
   budget_widths_ = std::move(a.bits);
-  if (!options_.uniform) shift_ = a.shift;
+  shift_ = a.shift;
 }
 
 void AmaqQuantizer::set_step(int64_t step) {
