@@ -221,6 +221,24 @@ TEST(Nf4Weight, ProductAndItsGradientAreThoseOfTheDequantizedWeight) {
   EXPECT_TRUE(torch::allclose(x.grad(), x_dense.grad(), 1e-6, 1e-6));
 }
 
+TEST(Nf4Weight, ProductsInBlocksOfRowsAreTheDenseProduct) {
+  torch::manual_seed(8);
+  const Nf4Weight nf4 = Nf4Weight::Quantize(torch::randn({48, 40}) * 0.02);  // rows cut blocks of 64 apart
+  const torch::Tensor dense = nf4.Dense(torch::kFloat);
+  EXPECT_TRUE(torch::equal(nf4.DenseRows(3, 7, torch::kFloat), dense.narrow(0, 3, 7)));
+  EXPECT_TRUE(torch::equal(nf4.DenseRows(47, 1, torch::kFloat), dense.narrow(0, 47, 1)));
+  const torch::Tensor upstream = torch::randn({2, 5, 48});
+  const torch::Tensor x_dense = torch::randn({2, 5, 40}, torch::requires_grad());
+  (torch::nn::functional::linear(x_dense, dense) * upstream).sum().backward();
+  for (int64_t rows : {1, 5, 47}) {  // uneven last blocks included
+    const torch::Tensor x = x_dense.detach().clone().requires_grad_(true);
+    const torch::Tensor y = nf4.Linear(x, rows);
+    (y * upstream).sum().backward();
+    EXPECT_TRUE(torch::allclose(y, torch::nn::functional::linear(x_dense, dense), 1e-6, 1e-6)) << rows;
+    EXPECT_TRUE(torch::allclose(x.grad(), x_dense.grad(), 1e-6, 1e-6)) << rows;
+  }
+}
+
 // The split-learning step of `m` against the whole model: logits and every LoRA gradient.
 void ExpectSplitEqualsWhole(SplitModels& m, const ModelConfig& c) {
   auto [ids, mask] = Batch(c);

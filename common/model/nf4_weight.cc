@@ -37,13 +37,18 @@ Nf4Weight Nf4Weight::Quantize(const torch::Tensor& weight, const quant::Nf4Optio
   return out;
 }
 
-torch::Tensor Nf4Weight::Dense(torch::Dtype dtype) const {
-  const int64_t blocks = scale_codes_.numel();
-  const torch::Tensor steps = scale_steps_.repeat_interleave(scale_block_).slice(0, 0, blocks);
-  const torch::Tensor scales = (scale_codes_.to(torch::kFloat) * steps + scale_mean_).clamp_min(0);
-  torch::Tensor values = pair_levels_.index_select(0, codes_.to(torch::kInt)).view({blocks, block_});
+torch::Tensor Nf4Weight::DenseRows(int64_t first, int64_t count, torch::Dtype dtype) const {
+  // The blocks [b0, b1) that hold elements [e0, e1); a block may straddle two rows.
+  const int64_t e0 = first * in_, e1 = (first + count) * in_;
+  const int64_t b0 = e0 / block_, b1 = (e1 + block_ - 1) / block_;
+  const int64_t g0 = b0 / scale_block_, g1 = (b1 - 1) / scale_block_ + 1;
+  const torch::Tensor steps =
+      scale_steps_.slice(0, g0, g1).repeat_interleave(scale_block_).slice(0, b0 - g0 * scale_block_, b1 - g0 * scale_block_);
+  const torch::Tensor scales = (scale_codes_.slice(0, b0, b1).to(torch::kFloat) * steps + scale_mean_).clamp_min(0);
+  const torch::Tensor codes = codes_.slice(0, b0 * block_ / 2, b1 * block_ / 2).to(torch::kInt);
+  torch::Tensor values = pair_levels_.index_select(0, codes).view({b1 - b0, block_});
   values.mul_(scales.unsqueeze(1));
-  return values.view({out_, in_}).to(dtype);
+  return values.view(-1).slice(0, e0 - b0 * block_, e1 - b0 * block_).view({count, in_}).to(dtype);
 }
 
 void Nf4Weight::To(const torch::Device& device) {

@@ -1,8 +1,8 @@
 // Nf4Weight: a frozen linear weight W [out, in] held as NF4 (quant/nf4.h: 4-bit codes in blocks
 // of 64 with double-quantized 8-bit scales, ~4.13 bits a weight) in tensors on the model's
 // device. Dense rebuilds W from the codes (FrozenWeight: inside each product, forward and
-// backward alike), through a 256-entry table of code pairs so that the rebuild's temporaries stay
-// near the size of W in the compute dtype.
+// backward alike, a block of rows at a time), through a 256-entry table of code pairs so that the
+// rebuild's temporaries stay near the size of the rows rebuilt, in the compute dtype.
 #pragma once
 
 #include <torch/torch.h>
@@ -19,17 +19,17 @@ class Nf4Weight : public FrozenWeight {
   // the block size or a weight is NaN or infinite.
   static Nf4Weight Quantize(const torch::Tensor& weight, const quant::Nf4Options& options = {});
 
-  // W as `dtype`, [out, in], on the weight's device: level(code) * its block's scale, exactly
-  // the values of quant::Nf4Weights::Dequantize.
-  torch::Tensor Dense(torch::Dtype dtype) const override;
+  // Rows of W as `dtype` on the weight's device: level(code) * its block's scale, exactly the
+  // values of quant::Nf4Weights::Dequantize. Only the blocks that hold those rows are rebuilt.
+  torch::Tensor DenseRows(int64_t first, int64_t count, torch::Dtype dtype) const override;
 
   // Moves the stored tensors (their dtypes never change: codes stay 4-bit whatever the model's).
   void To(const torch::Device& device) override;
 
   // Bytes of the stored tensors (the shared code table apart).
   int64_t StoredBytes() const override;
-  int64_t out_features() const { return out_; }
-  int64_t in_features() const { return in_; }
+  int64_t out_features() const override { return out_; }
+  int64_t in_features() const override { return in_; }
 
  private:
   torch::Tensor codes_;        // uint8 [out * in / 2], element 2i in the low nibble
