@@ -124,6 +124,7 @@ int Run(const Config& c) {
   j["method"] = method->ToString();
   j["seed"] = o.seed;
   j["base_weights"] = o.base_weights;
+  j["compute_dtype"] = o.compute_dtype;
   j["steps"] = steps;
   j["batch"] = o.batch;
   j["eval_split"] = c.String("eval_split");

@@ -1,11 +1,12 @@
 // A client part's memory and LoRA step speed by how its base weights are held (docs/model.md):
-// fp32, bf16, nf4 and nf4 with recomputed layers, on a model where the weights, not LibTorch's
-// libraries, dominate. It writes a random LLaMA model with TinyLlama-1.1B's shapes (hidden 2048,
-// MLP 5632, 32 heads, 4 key/value heads, vocabulary 32000, tied embedding; CUT + 1 layers) with the
-// project's checkpoint writer into a temporary folder, removed at the end. Each configuration runs
-// in a fresh child process: RSS once LibTorch has run an operation (the libraries' fixed cost),
-// then the client part [0, CUT) is built and loaded, and STEPS LoRA steps run (forward, backward
-// of a random gradient at the cut, AdamW); the peak is the process's high-water RSS (VmHWM).
+// fp32, bf16, nf4 and nf4 with recomputed layers, computing in fp32, and nf4 computing in bf16
+// (QLoRA's recipe), on a model where the weights, not LibTorch's libraries, dominate. It writes
+// a random LLaMA model with TinyLlama-1.1B's shapes (hidden 2048, MLP 5632, 32 heads, 4 key/value
+// heads, vocabulary 32000, tied embedding; CUT + 1 layers) with the project's checkpoint writer
+// into a temporary folder, removed at the end. Each configuration runs in a fresh child process:
+// RSS once LibTorch has run an operation (the libraries' fixed cost), then the client part
+// [0, CUT) is built and loaded, and STEPS LoRA steps run (forward, backward of a random gradient
+// at the cut, AdamW); the peak is the process's high-water RSS (VmHWM).
 // Children return large frees to the system as amaq-client does when asked to save memory
 // (common/base/memory.h: any base_weights but fp32, or recomputation); plain fp32 runs both ways.
 // Only the parent forks, and it never runs LibTorch itself.
@@ -88,7 +89,8 @@ struct Setup {
   int64_t cut, batch, tokens, steps;
 };
 
-std::string Measure(const std::string& dir, const Setup& s, BaseWeights format, bool recompute, bool return_frees) {
+std::string Measure(const std::string& dir, const Setup& s, BaseWeights format, bool recompute, bool return_frees,
+                    torch::Dtype compute) {
   if (return_frees) ReturnLargeFreesToTheSystem();
   SetComputeThreads(2);
   (torch::ones({64, 64}).matmul(torch::ones({64, 64}))).sum().item<float>();  // load and start LibTorch
@@ -98,6 +100,7 @@ std::string Measure(const std::string& dir, const Setup& s, BaseWeights format, 
   LoadPartWeights(part, dir);
   part->AddLora(LoraConfig{});
   part->set_recompute_layers(recompute);
+  part->set_compute_dtype(compute);
   const double loaded = StatusMiB("VmRSS");
   torch::optim::AdamW optimizer(part->TrainableParameters(), torch::optim::AdamWOptions(1e-4).weight_decay(0.0));
   const torch::Tensor ids = torch::randint(c.vocab_size, {s.batch, s.tokens}, torch::kLong);
@@ -105,7 +108,7 @@ std::string Measure(const std::string& dir, const Setup& s, BaseWeights format, 
   const torch::Tensor upstream = torch::randn({s.batch, s.tokens, c.hidden_size}) * 1e-3;
   const auto step = [&] {
     optimizer.zero_grad();
-    part(ids, mask).backward(upstream);
+    part(ids, mask).to(torch::kFloat).backward(upstream);
     optimizer.step();
   };
   step();  // the first step allocates the optimizer's state
@@ -116,8 +119,9 @@ std::string Measure(const std::string& dir, const Setup& s, BaseWeights format, 
   for (const auto& p : part->TrainableParameters()) lora_bytes += p.numel() * static_cast<int64_t>(p.element_size());
   const double peak = StatusMiB("VmHWM");
   char line[512];
-  std::snprintf(line, sizeof line, "| %s%s%s | %.0f | %.1f | %.0f | %.0f | %.0f | %.0f |\n", ToString(format).c_str(),
-                recompute ? " + recompute" : "", format == BaseWeights::kFp32 && !recompute && return_frees ? ", frees returned" : "",
+  std::snprintf(line, sizeof line, "| %s%s%s%s | %.0f | %.1f | %.0f | %.0f | %.0f | %.0f |\n", ToString(format).c_str(),
+                recompute ? " + recompute" : "", compute == torch::kBFloat16 ? ", bf16 compute" : "",
+                format == BaseWeights::kFp32 && !recompute && return_frees ? ", frees returned" : "",
                 static_cast<double>(part->BaseWeightBytes()) / (1 << 20),
                 static_cast<double>(lora_bytes) / (1 << 20), fixed, loaded - fixed, peak - fixed,
                 static_cast<double>((s.steps - 1) * s.batch * s.tokens) / seconds);
@@ -156,12 +160,15 @@ int main(int argc, char** argv) {
   struct Row {
     BaseWeights format;
     bool recompute, return_frees;
+    torch::Dtype compute;
   };
-  for (const Row& r : {Row{BaseWeights::kFp32, false, false}, Row{BaseWeights::kFp32, false, true},
-                       Row{BaseWeights::kFp32, true, true}, Row{BaseWeights::kBf16, false, true},
-                       Row{BaseWeights::kNf4, false, true}, Row{BaseWeights::kNf4, true, true}}) {
+  const torch::Dtype fp32 = torch::kFloat, bf16 = torch::kBFloat16;
+  for (const Row& r : {Row{BaseWeights::kFp32, false, false, fp32}, Row{BaseWeights::kFp32, false, true, fp32},
+                       Row{BaseWeights::kFp32, true, true, fp32}, Row{BaseWeights::kBf16, false, true, fp32},
+                       Row{BaseWeights::kNf4, false, true, fp32}, Row{BaseWeights::kNf4, true, true, fp32},
+                       Row{BaseWeights::kNf4, false, true, bf16}, Row{BaseWeights::kNf4, true, true, bf16}}) {
     const BaseWeights format = r.format;
-    const std::string row = InChild([&] { return Measure(dir, s, r.format, r.recompute, r.return_frees); });
+    const std::string row = InChild([&] { return Measure(dir, s, r.format, r.recompute, r.return_frees, r.compute); });
     if (row.empty()) ++failures;
     std::printf("%s", row.empty() ? ("| " + ToString(format) + " | failed (see above) |\n").c_str() : row.c_str());
     std::fflush(stdout);

@@ -10,6 +10,7 @@
 #include "client/adapter_export.h"
 #include "common/base/atomic_file.h"
 #include "common/model/checkpoint.h"
+#include "common/model/compute_dtype.h"
 #include "common/base/error.h"
 #include "common/model/decoders.h"
 #include "common/model/evaluate.h"
@@ -67,6 +68,7 @@ SplitClient::SplitClient(ClientOptions options, Dataset data, Transport& transpo
   LoadPartWeights(part_, options_.model_dir);
   part_->AddLora(options_.lora, options_.seed);
   part_->set_recompute_layers(options_.recompute_layers);
+  part_->set_compute_dtype(ParseComputeDtype(options_.compute_dtype));
   const std::vector<torch::Tensor> trainable = part_->TrainableParameters();
   if (!trainable.empty()) {
     optimizer_ = std::make_unique<torch::optim::AdamW>(trainable, torch::optim::AdamWOptions(options_.lr).weight_decay(0.0));
@@ -138,7 +140,7 @@ StepRecord SplitClient::TrainStep(int64_t step) {
   const auto seconds_since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
   const Batch b = BatchFor(step);
   const int64_t rows = b.ids.size(0) * b.ids.size(1);
-  const torch::Tensor x = part_(b.ids, b.mask).reshape({rows, config_.hidden_size});
+  const torch::Tensor x = part_(b.ids, b.mask).to(torch::kFloat).reshape({rows, config_.hidden_size});
   StepRecord r;
   r.step = step;
   r.client_seconds = seconds_since(started);
@@ -202,7 +204,7 @@ double SplitClient::Evaluate() {
     input.tokens = hidden.size(1);
     input.mask = Flat(mask);
     input.labels = labels.defined() ? Flat(labels) : std::vector<int32_t>(static_cast<size_t>(rows), -100);
-    input.activation = codec_->EncodeEvaluation(hidden.reshape({rows, config_.hidden_size}));
+    input.activation = codec_->EncodeEvaluation(hidden.to(torch::kFloat).reshape({rows, config_.hidden_size}));
     return Exchange(input);
   };
   const auto remote = [&](const torch::Tensor& ids, const torch::Tensor& mask, const torch::Tensor& labels, StepKind kind) {

@@ -41,6 +41,7 @@ struct ClientOptions {
   std::string method = "amaq:8->2:budget=3:grad=4:token:symmetric";  // docs/study.md
   std::string base_weights = "fp32";  // fp32 | bf16 | nf4 (common/model/base_weights.h); the server's must match
   bool recompute_layers = false;      // activation recomputation of the client's layers
+  std::string compute_dtype = "fp32";  // fp32 | bf16: the client layers' activations (LoRA stays fp32)
   LoraConfig lora;
   double lr = 2e-3;
   double max_grad_norm = 0;      // clip the client LoRA's gradient norm per step (0: no clipping)

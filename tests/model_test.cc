@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "common/model/checkpoint.h"
+#include "common/model/compute_dtype.h"
 #include "common/model/frozen_weight.h"
 #include "common/model/nf4_weight.h"
 #include "common/base/error.h"
@@ -376,6 +377,44 @@ TEST(Recompute, GradientsEqualTheStoredActivationPath) {
     torch::NoGradGuard no_grad;  // evaluation: nothing to recompute, same values
     EXPECT_TRUE(torch::equal(recomputed.client(ids, mask), out_stored.detach()));
   }
+}
+
+// bf16 compute (QLoRA's recipe with an nf4 base) keeps the LoRA parameters and their gradients
+// fp32, computes the activations in bf16, and follows the fp32 computation within bf16's rounding.
+TEST(ComputeDtype, Bf16ActivationsFollowFp32WithFp32Parameters) {
+  const ModelConfig c = TinyConfig();
+  for (BaseWeights format : {BaseWeights::kFp32, BaseWeights::kNf4}) {
+    torch::manual_seed(12);
+    const std::string dir = testing::TempDir("compute-dtype");
+    SplitModels fp32 = MakeSplit(c, 2, dir, format);
+    torch::manual_seed(12);
+    SplitModels bf16 = MakeSplit(c, 2, dir, format);
+    bf16.whole->set_compute_dtype(ParseComputeDtype("bf16"));
+    auto [ids, mask] = Batch(c);
+    const torch::Tensor labels = ids.masked_fill(mask == 0, -100);
+    const torch::Tensor want = fp32.whole(ids, mask);
+    const torch::Tensor got = bf16.whole(ids, mask);
+    EXPECT_EQ(got.scalar_type(), torch::kBFloat16);
+    const double error = ((got.to(torch::kFloat) - want).norm() / want.norm()).item<double>();
+    EXPECT_GT(error, 0.0) << "bf16 compute rounds";
+    EXPECT_LT(error, 0.03) << ToString(format);
+    NextTokenLoss(want, labels).backward();
+    NextTokenLoss(got, labels).backward();
+    std::map<std::string, torch::Tensor> grads;
+    for (auto& [name, t] : fp32.whole->LoraParameters()) grads[name] = t.grad();
+    for (auto& [name, t] : bf16.whole->LoraParameters()) {
+      ASSERT_EQ(t.scalar_type(), torch::kFloat) << name;
+      ASSERT_TRUE(t.grad().defined()) << name;
+      ASSERT_EQ(t.grad().scalar_type(), torch::kFloat) << name;
+      const torch::Tensor& g = grads.at(name);
+      EXPECT_GT(torch::cosine_similarity(t.grad().flatten(), g.flatten(), 0).item<double>(), 0.98)
+          << name << " " << ToString(format);
+    }
+  }
+  EXPECT_THROW(ParseComputeDtype("fp16"), Error);
+  ModelPart part(c, PartSpec::Client(1));
+  EXPECT_THROW(part->set_compute_dtype(torch::kInt), Error);
+  EXPECT_EQ(part->compute_dtype(), torch::kFloat);
 }
 
 TEST(Recompute, LoraDropoutIsRefused) {

@@ -56,14 +56,17 @@ void LoraLinearImpl::AddAdapter(const LoraConfig& config) {
 }
 
 torch::Tensor LoraLinearImpl::forward(const torch::Tensor& x) {
+  namespace F = torch::nn::functional;
+  // Parameters are cast to x's dtype at use (a no-op when they agree), so gradients reach them in theirs.
+  const auto as_x = [&](const torch::Tensor& p) { return p.defined() ? p.to(x.scalar_type()) : p; };
   torch::Tensor y;
   if (frozen_) {
     y = frozen_->Linear(x);
-    if (bias.defined()) y = y + bias;
+    if (bias.defined()) y = y + as_x(bias);
   } else {
-    y = torch::nn::functional::linear(x, weight, bias);
+    y = F::linear(x, as_x(weight), as_x(bias));
   }
-  if (has_adapter()) y = y + lora_B(lora_A(dropout(x))) * scaling;
+  if (has_adapter()) y = y + F::linear(F::linear(dropout(x), as_x(lora_A->weight)), as_x(lora_B->weight)) * scaling;
   return y;
 }
 

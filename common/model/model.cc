@@ -62,7 +62,7 @@ RMSNormImpl::RMSNormImpl(int64_t size, double epsilon) : eps(epsilon) {
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
   const torch::Tensor x32 = x.to(torch::kFloat);
   const torch::Tensor normed = x32 * torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
-  return weight * normed.to(x.scalar_type());
+  return weight.to(x.scalar_type()) * normed.to(x.scalar_type());
 }
 
 AttentionImpl::AttentionImpl(const ModelConfig& c, BaseWeights format)
@@ -93,8 +93,13 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const Rotary& rotar
     k = k.repeat_interleave(heads / kv_heads, 1);
     v = v.repeat_interleave(heads / kv_heads, 1);
   }
-  const torch::Tensor scores =
-      torch::matmul(q, k.transpose(-2, -1)).to(torch::kFloat) / std::sqrt(static_cast<double>(head_dim)) + mask;
+  // Scores and softmax in fp32, or in bf16 when computing in bf16: its softmax still accumulates in
+  // fp32 (LibTorch's kernels do), and the probabilities kept for backward take half the memory.
+  // fp16 cannot hold the mask's -1e9, so it scores in fp32.
+  const torch::Dtype score_dtype = q.scalar_type() == torch::kBFloat16 ? torch::kBFloat16 : torch::kFloat;
+  const torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)).to(score_dtype) /
+                                   std::sqrt(static_cast<double>(head_dim)) +
+                               mask.to(score_dtype);
   const torch::Tensor probs = torch::softmax(scores, -1).to(v.scalar_type());
   const torch::Tensor out = torch::matmul(probs, v).transpose(1, 2).reshape({b, t, heads * head_dim});
   return o_proj(out);
@@ -181,7 +186,7 @@ Rotary ModelPartImpl::RotaryAt(const torch::Tensor& positions, torch::Dtype dtyp
 torch::Tensor ModelPartImpl::Embed(const torch::Tensor& input) {
   if (spec_.embed) {
     Require(input.dim() == 2, ErrorCode::kInvalidArgument, "a part with the embedding takes token ids [batch, tokens]");
-    return embed_frozen ? embed_frozen->Rows(input, compute_dtype_) : embed_tokens(input);
+    return embed_frozen ? embed_frozen->Rows(input, compute_dtype_) : embed_tokens(input).to(compute_dtype_);
   }
   Require(input.dim() == 3 && input.size(2) == config_.hidden_size, ErrorCode::kInvalidArgument,
           "this part takes hidden states [batch, tokens, " + std::to_string(config_.hidden_size) + "]");
@@ -190,7 +195,7 @@ torch::Tensor ModelPartImpl::Embed(const torch::Tensor& input) {
 
 torch::Tensor ModelPartImpl::Head(const torch::Tensor& x) {
   if (!spec_.head) return x;
-  return head_frozen ? head_frozen->Linear(norm(x)) : torch::matmul(norm(x), lm_head.t());
+  return head_frozen ? head_frozen->Linear(norm(x)) : torch::matmul(norm(x), lm_head.to(x.scalar_type()).t());
 }
 
 torch::Tensor ModelPartImpl::forward(const torch::Tensor& input, const torch::Tensor& attention_mask) {
@@ -353,6 +358,12 @@ void ModelPartImpl::to(torch::Device device, torch::Dtype dtype, bool non_blocki
   for (auto* held : {&embed_frozen, &head_frozen}) {
     if (*held) (*held)->To(device);
   }
+}
+
+void ModelPartImpl::set_compute_dtype(torch::Dtype dtype) {
+  Require(dtype == torch::kFloat || dtype == torch::kBFloat16 || dtype == torch::kHalf, ErrorCode::kInvalidArgument,
+          "a part computes in fp32, bf16 or fp16: choose one of those");
+  compute_dtype_ = dtype;
 }
 
 void ModelPartImpl::to(torch::Dtype dtype, bool non_blocking) {

@@ -11,7 +11,8 @@
 // split the server holds [k, L) alone and the client keeps the head as a part [L, L). Parameter
 // names follow Hugging Face (`model.layers.3.self_attn.q_proj.weight`), so checkpoints map 1:1.
 // Attention: grouped-query, causal with key padding, optional q/k/v bias, rotary embeddings with
-// LLaMA-3 or linear scaling; RMSNorm and softmax run in fp32 whatever the parameter dtype.
+// LLaMA-3 or linear scaling; RMSNorm runs in fp32 whatever the compute dtype, softmax in fp32
+// (bf16 with fp32 accumulation when the part computes in bf16).
 #pragma once
 
 #include <torch/torch.h>
@@ -159,8 +160,12 @@ class ModelPartImpl : public torch::nn::Module {
   const ModelConfig& config() const { return config_; }
   const PartSpec& spec() const { return spec_; }
   BaseWeights base_weights() const { return format_; }
-  // The dtype activations are computed in: fp32 unless the part was cast with to(dtype).
+  // The dtype activations are computed in: fp32 unless the part was cast with to(dtype) or set
+  // here. set_compute_dtype leaves the parameters as they are and casts them at each use (QLoRA's
+  // recipe: compact base, fp32 LoRA, bf16 activations); the outputs are then in `dtype`.
+  // kInvalidArgument unless fp32, bf16 or fp16.
   torch::Dtype compute_dtype() const { return compute_dtype_; }
+  void set_compute_dtype(torch::Dtype dtype);
   // The device the part's tensors are on.
   torch::Device device() const { return inv_freq_.device(); }
   // Bytes of the base weights as held (dense tensors and compact forms).
