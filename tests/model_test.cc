@@ -379,6 +379,27 @@ TEST(Recompute, GradientsEqualTheStoredActivationPath) {
   }
 }
 
+// RMSNorm keeps only x and 1/rms(x) for backward; its gradients are those of the plain formula.
+TEST(RMSNorm, GradientsAreThoseOfThePlainFormula) {
+  torch::manual_seed(13);
+  RMSNorm norm(24, 1e-5);
+  {
+    torch::NoGradGuard no_grad;
+    norm->weight.uniform_(0.5, 1.5);
+  }
+  const torch::Tensor x = (torch::randn({3, 5, 24}) * 2).requires_grad_(true);
+  const torch::Tensor x_plain = x.detach().clone().requires_grad_(true);
+  const torch::Tensor w_plain = norm->weight.detach().clone().requires_grad_(true);
+  const torch::Tensor upstream = torch::randn({3, 5, 24});
+  const torch::Tensor y = norm(x);
+  const torch::Tensor y_plain = w_plain * x_plain * torch::rsqrt(x_plain.pow(2).mean(-1, true) + 1e-5);
+  EXPECT_TRUE(torch::allclose(y, y_plain, 1e-6, 1e-6));
+  (y * upstream).sum().backward();
+  (y_plain * upstream).sum().backward();
+  EXPECT_TRUE(torch::allclose(x.grad(), x_plain.grad(), 1e-5, 1e-6));
+  EXPECT_TRUE(torch::allclose(norm->weight.grad(), w_plain.grad(), 1e-5, 1e-6));
+}
+
 // bf16 compute (QLoRA's recipe with an nf4 base) keeps the LoRA parameters and their gradients
 // fp32, computes the activations in bf16, and follows the fp32 computation within bf16's rounding.
 TEST(ComputeDtype, Bf16ActivationsFollowFp32WithFp32Parameters) {

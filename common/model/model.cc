@@ -53,17 +53,43 @@ torch::Tensor RandomTable(int64_t rows, int64_t cols, torch::Dtype dtype) {
   return table;
 }
 
+// y = w * (x / rms(x)), computed in fp32 and returned in x's dtype. Its backward keeps x and
+// 1 / rms(x) only, not the fp32 copy and the normalised x that autograd would keep for each of
+// the two norms of every layer, and recomputes the rest:
+//   dx = r * (gn - r^2 * x * mean(gn * x)),  gn = dy * w,  r = 1 / rms(x).
+class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
+                               double eps) {
+    const torch::Tensor x32 = x.to(torch::kFloat);
+    const torch::Tensor r = torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
+    ctx->save_for_backward({x, weight, r});
+    return weight.to(x.scalar_type()) * (x32 * r).to(x.scalar_type());
+  }
+
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::tensor_list grads) {
+    const torch::autograd::tensor_list saved = ctx->get_saved_variables();
+    const torch::Tensor &x = saved[0], &weight = saved[1], &r = saved[2];
+    const torch::Tensor& dy = grads[0];
+    const torch::Tensor x32 = x.to(torch::kFloat);
+    torch::Tensor dweight;
+    if (ctx->needs_input_grad(1)) {
+      const torch::Tensor per_element = dy * (x32 * r).to(x.scalar_type());
+      dweight = per_element.reshape({-1, x.size(-1)}).sum(0).to(weight.scalar_type());
+    }
+    const torch::Tensor gn = (dy * weight.to(dy.scalar_type())).to(torch::kFloat);
+    const torch::Tensor dx = r * (gn - r.pow(2) * x32 * (gn * x32).mean(-1, /*keepdim=*/true));
+    return {dx.to(x.scalar_type()), dweight, torch::Tensor()};
+  }
+};
+
 }  // namespace
 
 RMSNormImpl::RMSNormImpl(int64_t size, double epsilon) : eps(epsilon) {
   weight = register_parameter("weight", torch::ones({size}));
 }
 
-torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
-  const torch::Tensor x32 = x.to(torch::kFloat);
-  const torch::Tensor normed = x32 * torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
-  return weight.to(x.scalar_type()) * normed.to(x.scalar_type());
-}
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) { return RmsNormFunction::apply(x, weight, eps); }
 
 AttentionImpl::AttentionImpl(const ModelConfig& c, BaseWeights format)
     : heads(c.num_attention_heads), kv_heads(c.num_key_value_heads), head_dim(c.head_dim) {
