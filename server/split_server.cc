@@ -467,6 +467,20 @@ void SplitServer::CheckpointLocked() {
     }
   }
   archive.write("clients", c10::IValue(clients));
+  // Collaborative mode: each client's latest adapter upload, so that an average after a restart
+  // still covers the clients that synced before it.
+  std::string uploaders;
+  for (const auto& [id, tensors] : adapters_) {
+    uploaders += id + "\n";
+    std::string names;
+    int64_t i = 0;
+    for (const auto& [name, t] : tensors) {
+      names += name + "\n";
+      archive.write("adapter." + id + "." + std::to_string(i++), torch::tensor(t.values).view(t.shape));
+    }
+    archive.write("adapter." + id + ".names", c10::IValue(names));
+  }
+  archive.write("adapter_clients", c10::IValue(uploaders));
   if (shared_) {
     Activate(*shared_);
     SaveLora(archive, "shared", shared_->values, *shared_->optimizer);
@@ -520,7 +534,25 @@ void SplitServer::LoadCheckpoint() {
     sessions_.emplace(id, std::move(s));
   }
   if (shared_) load_lora("shared", *shared_);
-  spdlog::info("resumed {} client sessions from {}", sessions_.size(), path);
+  c10::IValue uploaders;
+  if (archive.try_read("adapter_clients", uploaders)) {  // absent from checkpoints of older servers
+    std::istringstream uploader_ids(uploaders.toStringRef());
+    for (std::string id; std::getline(uploader_ids, id);) {
+      c10::IValue names;
+      archive.read("adapter." + id + ".names", names);
+      std::istringstream lines(names.toStringRef());
+      NamedFloats tensors;
+      int64_t i = 0;
+      for (std::string name; std::getline(lines, name);) {
+        torch::Tensor t;
+        archive.read("adapter." + id + "." + std::to_string(i++), t);
+        t = t.to(torch::kFloat).contiguous();
+        tensors[name] = NamedFloat{t.sizes().vec(), std::vector<float>(t.data_ptr<float>(), t.data_ptr<float>() + t.numel())};
+      }
+      adapters_[id] = std::move(tensors);
+    }
+  }
+  spdlog::info("resumed {} client sessions ({} adapter uploads) from {}", sessions_.size(), adapters_.size(), path);
 }
 
 }  // namespace amaq::server

@@ -435,6 +435,39 @@ TEST(SplitTraining, CollaborativeModeAveragesClientAdapters) {
   for (const auto& [name, t] : ca.Adapter()) EXPECT_EQ(t.values, ua.at(name).values) << name << ": alone, a keeps its own";
 }
 
+// The adapter uploads of collaborative mode live in the server's checkpoint: after a restart the
+// first sync averages with what the other clients uploaded before it.
+TEST(SplitTraining, AdapterUploadsSurviveAServerRestart) {
+  const std::string dir = testing::TinyModelDir("collab-restart");
+  server::ServerOptions options = ServerFor(dir);
+  options.checkpoint_dir = testing::TempDir("collab-restart-ckpt");
+  const std::string fp = ModelFingerprint(dir, 2);
+  NamedFloats threes, fives;
+  {
+    server::SplitServer server(options);
+    client::LocalTransport transport(server);
+    client::SplitClient a(testing::TinyClientOptions(dir, "a", "bf16", 4), testing::ParityDataset(16), transport);
+    a.Join();
+    server.Join("b", fp, 2, "bf16");
+    threes = fives = a.Adapter();
+    for (auto& [name, t] : threes) std::fill(t.values.begin(), t.values.end(), 3.0f);
+    for (auto& [name, t] : fives) std::fill(t.values.begin(), t.values.end(), 5.0f);
+    int clients = 0;
+    server.AverageAdapters("b", threes, &clients);
+    server.Checkpoint();
+  }
+  server::SplitServer restarted(options);
+  restarted.Join("a", fp, 2, "bf16");
+  int clients = 0;
+  const NamedFloats mean = restarted.AverageAdapters("a", fives, &clients);
+  EXPECT_EQ(clients, 2) << "b's upload from before the restart counts";
+  ASSERT_EQ(mean.size(), fives.size());
+  for (const auto& [name, t] : mean) {
+    EXPECT_EQ(t.shape, fives.at(name).shape) << name;
+    EXPECT_EQ(t.values, std::vector<float>(t.values.size(), 4.0f)) << name;
+  }
+}
+
 // A server (or a peer through it) that returns a non-finite average: the client refuses all of it
 // and keeps its own weights (the poisoned tensor is the last one, so a partial copy would show).
 TEST(SplitTraining, NonFiniteAdapterAverageIsRefusedByTheClient) {
