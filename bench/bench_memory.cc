@@ -8,7 +8,8 @@
 // [0, CUT) is built and loaded, and STEPS LoRA steps run (forward, backward of a random gradient
 // at the cut, AdamW); the peak is the process's high-water RSS (VmHWM).
 // Children return large frees to the system as amaq-client does when asked to save memory
-// (common/base/memory.h: any base_weights but fp32, or recomputation); plain fp32 runs both ways.
+// (common/base/memory.h: any base_weights but fp32, recomputation or bf16 compute); plain fp32
+// runs both ways.
 // Only the parent forks, and it never runs LibTorch itself.
 //   bench_memory [CUT] [BATCH] [TOKENS] [STEPS]     (defaults: 4 1 256 3)
 #include <sys/wait.h>

@@ -24,7 +24,7 @@ int Run(const Config& c) {
   client::GrpcTransport transport(client::GrpcOptionsFrom(c));
 
   const client::ClientOptions o = client::ClientOptionsFrom(c);
-  if (o.base_weights != "fp32" || o.recompute_layers) ReturnLargeFreesToTheSystem();  // asked to save memory
+  if (o.base_weights != "fp32" || o.recompute_layers || o.compute_dtype != "fp32") ReturnLargeFreesToTheSystem();  // asked to save memory
   client::SplitClient split(o, client::LoadTask(c), transport);
   const double metric = split.Run();
   std::printf("client %s  method %s  steps %lld  metric %.4f  up %.3f MB  down %.3f MB  average bits %.2f\n",
