@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 
 #include "client/local_transport.h"
 #include "client/split_client.h"
@@ -22,6 +23,26 @@ server::ServerOptions ServerFor(const std::string& dir) { return testing::TinySe
 
 client::ClientOptions ClientFor(const std::string& dir, const std::string& method, int64_t steps) {
   return testing::TinyClientOptions(dir, "client-0", method, steps);
+}
+
+// The training losses of a split run of `steps` steps over an NF4 base on both sides, the client
+// set up by ClientFor and then `adjust`.
+std::vector<double> Nf4SplitLosses(const std::string& dir, const Dataset& data, int64_t steps,
+                                   const std::function<void(client::ClientOptions&)>& adjust) {
+  server::ServerOptions server_options = ServerFor(dir);
+  server_options.base_weights = "nf4";
+  server::SplitServer server(server_options);
+  client::LocalTransport transport(server);
+  client::ClientOptions o = ClientFor(dir, "fp32", steps);
+  o.base_weights = "nf4";
+  adjust(o);
+  client::SplitClient client(o, data, transport);
+  client.Run();
+  std::vector<double> losses;
+  for (const auto& r : client.records()) {
+    if (static_cast<int64_t>(losses.size()) < steps) losses.push_back(r.loss);
+  }
+  return losses;
 }
 
 // The test that proves the system computes what it claims: uncompressed split training follows
@@ -52,18 +73,10 @@ TEST(SplitTraining, Nf4SplitWithRecomputationFollowsLocalNf4Training) {
   const FinetuneResult reference = FinetuneLocal(data, local);
   const FinetuneResult dense = FinetuneLocal(data, testing::TinyLocalOptions(dir, 15));
 
-  server::ServerOptions server_options = ServerFor(dir);
-  server_options.base_weights = "nf4";
-  server::SplitServer server(server_options);
-  client::LocalTransport transport(server);
-  client::ClientOptions client_options = ClientFor(dir, "fp32", 15);
-  client_options.base_weights = "nf4";
-  client_options.recompute_layers = true;
-  client::SplitClient client(client_options, data, transport);
-  client.Run();
-  ASSERT_GE(client.records().size(), 15u);
+  const std::vector<double> losses = Nf4SplitLosses(dir, data, 15, [](client::ClientOptions& o) { o.recompute_layers = true; });
+  ASSERT_EQ(losses.size(), 15u);
   for (size_t i = 0; i < 15; ++i) {
-    EXPECT_NEAR(client.records()[i].loss, reference.losses[i], 1e-4 * std::fabs(reference.losses[i]) + 1e-5) << "step " << i;
+    EXPECT_NEAR(losses[i], reference.losses[i], 1e-4 * std::fabs(reference.losses[i]) + 1e-5) << "step " << i;
   }
   EXPECT_NE(reference.losses[0], dense.losses[0]);  // the 4-bit base is not the dense one
 }
@@ -74,20 +87,11 @@ TEST(SplitTraining, Nf4SplitWithRecomputationFollowsLocalNf4Training) {
 TEST(SplitTraining, Bf16ComputeClientFollowsTheFp32Client) {
   const std::string dir = testing::TinyModelDir("bf16-compute");
   const Dataset data = testing::ParityDataset(48);
-  std::vector<double> losses[2];
-  for (int bf16 = 0; bf16 < 2; ++bf16) {
-    server::ServerOptions server_options = ServerFor(dir);
-    server_options.base_weights = "nf4";
-    server::SplitServer server(server_options);
-    client::LocalTransport transport(server);
-    client::ClientOptions o = ClientFor(dir, "fp32", 30);
-    o.base_weights = "nf4";
-    o.compute_dtype = bf16 ? "bf16" : "fp32";
-    client::SplitClient client(o, data, transport);
-    client.Run();
-    ASSERT_GE(client.records().size(), 30u);
-    for (size_t i = 0; i < 30; ++i) losses[bf16].push_back(client.records()[i].loss);
-  }
+  const std::vector<double> losses[2] = {
+      Nf4SplitLosses(dir, data, 30, [](client::ClientOptions&) {}),
+      Nf4SplitLosses(dir, data, 30, [](client::ClientOptions& o) { o.compute_dtype = "bf16"; })};
+  ASSERT_EQ(losses[0].size(), 30u);
+  ASSERT_EQ(losses[1].size(), 30u);
   EXPECT_NE(losses[1][0], losses[0][0]);  // it did compute in bf16
   for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(losses[1][i], losses[0][i], 0.05 * losses[0][i]) << "step " << i;
   // Later steps at this learning rate are noisy on both paths (single batches of 8); both train.
