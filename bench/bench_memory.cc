@@ -1,6 +1,6 @@
 // A client part's memory and LoRA step speed by how its base weights are held (docs/model.md):
-// fp32, bf16, nf4 and nf4 with recomputed layers, computing in fp32, and nf4 computing in bf16
-// (QLoRA's recipe), on a model where the weights, not LibTorch's libraries, dominate. It writes
+// fp32, bf16, int8, nf4 and nf4 with recomputed layers, computing in fp32, and nf4 computing in
+// bf16 (QLoRA's recipe), on a model where the weights, not LibTorch's libraries, dominate. It writes
 // a random LLaMA model with TinyLlama-1.1B's shapes (hidden 2048, MLP 5632, 32 heads, 4 key/value
 // heads, vocabulary 32000, tied embedding; CUT + 1 layers) with the project's checkpoint writer
 // into a temporary folder, removed at the end. Each configuration runs in a fresh child process:
@@ -166,6 +166,7 @@ int main(int argc, char** argv) {
   const torch::Dtype fp32 = torch::kFloat, bf16 = torch::kBFloat16;
   for (const Row& r : {Row{BaseWeights::kFp32, false, false, fp32}, Row{BaseWeights::kFp32, false, true, fp32},
                        Row{BaseWeights::kFp32, true, true, fp32}, Row{BaseWeights::kBf16, false, true, fp32},
+                       Row{BaseWeights::kInt8, false, true, fp32},
                        Row{BaseWeights::kNf4, false, true, fp32}, Row{BaseWeights::kNf4, true, true, fp32},
                        Row{BaseWeights::kNf4, false, true, bf16}, Row{BaseWeights::kNf4, true, true, bf16}}) {
     const BaseWeights format = r.format;

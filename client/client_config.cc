@@ -23,7 +23,7 @@ void ClientOptionKeys(Keys& keys) {
   keys.Int("cut_layer", &O::cut_layer, "layers [0, cut) run here", 0, 1000);
   keys.String("method", &O::method, "fp32 | bf16 | fp16 | fixed:<b>[:<granularity>[:<G>]] | amaq[:<bmax>-><bmin>] | amaq[:<bmax>-><bmin>]:budget=<b>[:uniform] | aqsgd:<b>; a quantized one may end in :grad=<b>[:token][:symmetric][:stochastic]");
   keys.String("base_weights", &O::base_weights, "how the frozen base weights are held (docs/model.md); the server's must match",
-              {"fp32", "bf16", "nf4"});
+              {"fp32", "bf16", "nf4", "int8"});
   keys.Bool("recompute_layers", &O::recompute_layers, "recompute the client layers' activations in backward: less memory, one more forward");
   keys.String("compute_dtype", &O::compute_dtype, "dtype of the client layers' activations; LoRA stays fp32 (bf16 with nf4: QLoRA's recipe, about half the activation memory)",
               {"fp32", "bf16"});

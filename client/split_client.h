@@ -39,7 +39,7 @@ struct ClientOptions {
   std::string model_dir = "models/amaq-base";
   int64_t cut_layer = 2;
   std::string method = "amaq:8->2:budget=3:grad=4:token:symmetric";  // docs/study.md
-  std::string base_weights = "fp32";  // fp32 | bf16 | nf4 (common/model/base_weights.h); the server's must match
+  std::string base_weights = "fp32";  // fp32 | bf16 | nf4 | int8 (common/model/base_weights.h); the server's must match
   bool recompute_layers = false;      // activation recomputation of the client's layers
   std::string compute_dtype = "fp32";  // fp32 | bf16: the client layers' activations (LoRA stays fp32)
   LoraConfig lora;

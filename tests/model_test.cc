@@ -7,6 +7,7 @@
 #include "common/model/checkpoint.h"
 #include "common/model/compute_dtype.h"
 #include "common/model/frozen_weight.h"
+#include "common/model/int8_weight.h"
 #include "common/model/nf4_weight.h"
 #include "common/base/error.h"
 #include "model_test_util.h"
@@ -240,6 +241,31 @@ TEST(Nf4Weight, ProductsInBlocksOfRowsAreTheDenseProduct) {
   }
 }
 
+// int8: a code in [-127, 127] per weight and max |w| / 127 per row, written here from that
+// definition; every weight within half a step of its row's grid, a row of zeros exact.
+TEST(Int8Weight, DequantizesToThePerRowGridOfTheDefinition) {
+  torch::manual_seed(14);
+  torch::Tensor w = torch::randn({6, 40}) * 0.02;
+  w[2].zero_();
+  w[4][7] = 0.5;  // an outlier widens its row's step only
+  const Int8Weight q = Int8Weight::Quantize(w);
+  const torch::Tensor dense = q.Dense(torch::kFloat);
+  for (int64_t r = 0; r < w.size(0); ++r) {
+    const float step = w[r].abs().max().item<float>() / 127;
+    for (int64_t i = 0; i < w.size(1); ++i) {
+      const float x = w[r][i].item<float>();
+      const float code = step > 0 ? std::nearbyint(x / step) : 0.0f;
+      ASSERT_FLOAT_EQ(dense[r][i].item<float>(), code * step) << r << "," << i;
+      ASSERT_LE(std::fabs(dense[r][i].item<float>() - x), step / 2 * (1 + 1e-5)) << r << "," << i;
+    }
+  }
+  EXPECT_TRUE(torch::equal(dense[2], torch::zeros({40})));
+  EXPECT_TRUE(torch::equal(q.DenseRows(3, 2, torch::kFloat), dense.narrow(0, 3, 2)));
+  EXPECT_EQ(q.StoredBytes(), 6 * 40 + 6 * 4);
+  const torch::Tensor x = torch::randn({3, 40});
+  EXPECT_TRUE(torch::allclose(q.Linear(x, 4), torch::nn::functional::linear(x, dense), 1e-6, 1e-6));
+}
+
 // The split-learning step of `m` against the whole model: logits and every LoRA gradient.
 void ExpectSplitEqualsWhole(SplitModels& m, const ModelConfig& c) {
   auto [ids, mask] = Batch(c);
@@ -270,17 +296,18 @@ TEST(CompactBase, LoadingStoresEachCheckpointTensorInThePartsFormat) {
   SaveModel(dense, dir);
   std::map<std::string, torch::Tensor> saved;
   for (auto& [name, t] : dense->HfParameters()) saved[name] = t.detach().clone();
-  for (BaseWeights format : {BaseWeights::kBf16, BaseWeights::kNf4}) {
+  for (BaseWeights format : {BaseWeights::kBf16, BaseWeights::kNf4, BaseWeights::kInt8}) {
     ModelPart part(c, PartSpec::Whole(c), format);
     LoadPartWeights(part, dir);
     const LoraLinear& q = part->layers[1]->self_attn->q_proj;
     EXPECT_EQ(q->format(), format);
     EXPECT_FALSE(q->weight.defined());  // no dense copy is held
     const torch::Tensor w = saved.at("model.layers.1.self_attn.q_proj.weight");
-    const torch::Tensor want = format == BaseWeights::kNf4 ? Nf4Weight::Quantize(w).Dense(torch::kFloat)
-                                                           : w.to(torch::kBFloat16).to(torch::kFloat);
+    const torch::Tensor want = format == BaseWeights::kNf4    ? Nf4Weight::Quantize(w).Dense(torch::kFloat)
+                               : format == BaseWeights::kInt8 ? Int8Weight::Quantize(w).Dense(torch::kFloat)
+                                                              : w.to(torch::kBFloat16).to(torch::kFloat);
     EXPECT_TRUE(torch::equal(q->DenseWeight(torch::kFloat), want)) << ToString(format);
-    // Embedding and head (tied in TinyConfig or not) are bf16 in both compact formats; norms stay.
+    // Embedding and head (tied in TinyConfig or not) are bf16 in every compact format; norms stay.
     ASSERT_TRUE(part->embed_frozen && part->head_frozen);
     EXPECT_TRUE(torch::equal(part->embed_frozen->Dense(torch::kFloat),
                              saved.at("model.embed_tokens.weight").to(torch::kBFloat16).to(torch::kFloat)));
@@ -297,20 +324,23 @@ TEST(CompactBase, SplitEqualsWholeAndTheBytesShrink) {
     ModelPart part(c, PartSpec::Client(2));
     fp32_bytes = part->BaseWeightBytes();
   }
-  for (BaseWeights format : {BaseWeights::kBf16, BaseWeights::kNf4}) {
+  for (BaseWeights format : {BaseWeights::kBf16, BaseWeights::kNf4, BaseWeights::kInt8}) {
     torch::manual_seed(9);
     SplitModels m = MakeSplit(c, 2, testing::TempDir("compact-split"), format);
     ExpectSplitEqualsWhole(m, c);
-    int64_t projections_fp32 = 0, projections = 0;
+    int64_t projections_fp32 = 0, projections = 0, int8_bytes = 0;
     for (auto& layer : m.client->layers) {
       for (auto& [path, linear] : layer->Projections()) {
         projections_fp32 += linear->out_features() * linear->in_features() * 4;
         projections += linear->BaseWeightBytes();
+        int8_bytes += linear->out_features() * (linear->in_features() + 4);  // a byte a weight, a float a row
       }
     }
     const double ratio = static_cast<double>(projections) / static_cast<double>(projections_fp32);
     if (format == BaseWeights::kNf4) {
       EXPECT_NEAR(ratio, 4.13 / 32, 0.01);
+    } else if (format == BaseWeights::kInt8) {
+      EXPECT_EQ(projections, int8_bytes);
     } else {
       EXPECT_DOUBLE_EQ(ratio, 0.5);
     }
@@ -348,6 +378,8 @@ TEST(CompactBase, BadShapesAndFormatsAreRefused) {
   torch::Tensor nan = torch::zeros({4, 64});
   nan[2][3] = std::nanf("");
   EXPECT_THROW(FrozenWeight::Store(nan, BaseWeights::kNf4), Error);
+  EXPECT_THROW(FrozenWeight::Store(nan, BaseWeights::kInt8), Error);
+  EXPECT_EQ(ParseBaseWeights(ToString(BaseWeights::kInt8)), BaseWeights::kInt8);
   EXPECT_THROW(FrozenWeight::Store(torch::zeros({3, 7}), BaseWeights::kNf4), Error);  // 21 weights: no 64-blocks
 }
 

@@ -8,7 +8,8 @@ BaseWeights ParseBaseWeights(const std::string& text) {
   if (text == "fp32") return BaseWeights::kFp32;
   if (text == "bf16") return BaseWeights::kBf16;
   if (text == "nf4") return BaseWeights::kNf4;
-  throw Error(ErrorCode::kInvalidArgument, "base_weights must be fp32, bf16 or nf4, got '" + text + "'");
+  if (text == "int8") return BaseWeights::kInt8;
+  throw Error(ErrorCode::kInvalidArgument, "base_weights must be fp32, bf16, nf4 or int8, got '" + text + "'");
 }
 
 std::string ToString(BaseWeights format) {
@@ -16,6 +17,7 @@ std::string ToString(BaseWeights format) {
     case BaseWeights::kFp32: return "fp32";
     case BaseWeights::kBf16: return "bf16";
     case BaseWeights::kNf4: return "nf4";
+    case BaseWeights::kInt8: return "int8";
   }
   return "fp32";
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/base/error.h"
+#include "common/model/int8_weight.h"
 #include "common/model/nf4_weight.h"
 
 namespace amaq {
@@ -59,6 +60,7 @@ std::unique_ptr<FrozenWeight> FrozenWeight::Store(const torch::Tensor& weight, B
   switch (format) {
     case BaseWeights::kBf16: return std::make_unique<Bf16Weight>(weight);
     case BaseWeights::kNf4: return std::make_unique<Nf4Weight>(Nf4Weight::Quantize(weight));
+    case BaseWeights::kInt8: return std::make_unique<Int8Weight>(Int8Weight::Quantize(weight));
     case BaseWeights::kFp32: break;
   }
   throw Error(ErrorCode::kInvalidArgument, "fp32 base weights are held dense: FrozenWeight stores bf16 or nf4");

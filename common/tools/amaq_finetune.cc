@@ -32,8 +32,8 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "intra-op threads")->capture_default_str();
   app.add_flag("--random-init", o.random_init, "train the same LoRA on a randomly initialised model");
   std::string base_weights = "fp32";
-  app.add_option("--base-weights", base_weights, "how the frozen base is held: fp32 | bf16 | nf4 (docs/model.md)")
-      ->check(CLI::IsMember({"fp32", "bf16", "nf4"}))->capture_default_str();
+  app.add_option("--base-weights", base_weights, "how the frozen base is held: fp32 | bf16 | nf4 | int8 (docs/model.md)")
+      ->check(CLI::IsMember({"fp32", "bf16", "nf4", "int8"}))->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   o.base_weights = ParseBaseWeights(base_weights);
   o.lora.alpha = 2.0 * static_cast<double>(o.lora.rank);
