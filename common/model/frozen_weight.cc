@@ -63,7 +63,7 @@ std::unique_ptr<FrozenWeight> FrozenWeight::Store(const torch::Tensor& weight, B
     case BaseWeights::kInt8: return std::make_unique<Int8Weight>(Int8Weight::Quantize(weight));
     case BaseWeights::kFp32: break;
   }
-  throw Error(ErrorCode::kInvalidArgument, "fp32 base weights are held dense: FrozenWeight stores bf16 or nf4");
+  throw Error(ErrorCode::kInvalidArgument, "fp32 base weights are held dense: FrozenWeight stores bf16, nf4 or int8");
 }
 
 torch::Tensor FrozenWeight::Rows(const torch::Tensor& ids, torch::Dtype dtype) const {

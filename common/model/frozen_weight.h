@@ -1,10 +1,10 @@
-// FrozenWeight: a frozen base weight W [out, in] held in a compact form (bf16, or NF4 in
-// common/model/nf4_weight.h) on the model's device, and the products that use it. W is rebuilt
-// in the compute dtype inside each product, a block of rows at a time (about 4 MiB of fp32), and
-// the backward rebuilds it again instead of keeping it, so a part holds compact weights through
-// forward and backward alike and never a whole rebuilt W; gradients flow to the input only (W is
-// frozen, as under LoRA). The graph of a product refers to its FrozenWeight: the weight must
-// outlive backward (a LoraLinear or ModelPart owns it).
+// FrozenWeight: a frozen base weight W [out, in] held in a compact form (bf16; NF4 in
+// common/model/nf4_weight.h; int8 in int8_weight.h) on the model's device, and the products that
+// use it. W is rebuilt in the compute dtype inside each product, a block of rows at a time (about
+// 4 MiB of fp32), and the backward rebuilds it again instead of keeping it, so a part holds
+// compact weights through forward and backward alike and never a whole rebuilt W; gradients flow
+// to the input only (W is frozen, as under LoRA). The graph of a product refers to its
+// FrozenWeight: the weight must outlive backward (a LoraLinear or ModelPart owns it).
 #pragma once
 
 #include <torch/torch.h>
@@ -19,9 +19,10 @@ class FrozenWeight {
  public:
   virtual ~FrozenWeight() = default;
 
-  // Stores `weight` ([out, in], any device, any floating dtype) as `format` (bf16 or nf4) on the
-  // weight's device. amaq::Error kInvalidArgument for fp32 (dense weights are plain tensors) and
-  // for what the format refuses (NF4: sizes that are not a multiple of its block, NaN weights).
+  // Stores `weight` ([out, in], any device, any floating dtype) as `format` (bf16, nf4, int8) on
+  // the weight's device. amaq::Error kInvalidArgument for fp32 (dense weights are plain tensors)
+  // and for what the format refuses (NF4: sizes that are not a multiple of its block; NF4 and
+  // int8: NaN or infinite weights).
   static std::unique_ptr<FrozenWeight> Store(const torch::Tensor& weight, BaseWeights format);
 
   // Rows [first, first + count) of W as `dtype`, [count, in], on the weight's device.

@@ -8,7 +8,7 @@ Int8Weight Int8Weight::Quantize(const torch::Tensor& weight) {
   const torch::Tensor w = weight.detach().to(torch::kFloat);
   Require(w.dim() == 2, ErrorCode::kInvalidArgument, "int8 base weights quantize matrices [out, in]: got " + c10::str(w.sizes()));
   Require(torch::isfinite(w).all().item<bool>(), ErrorCode::kInvalidArgument,
-          "a base weight is NaN or infinite: the checkpoint holds a NaN or infinite weight; check how it was written");
+          "a base weight is NaN or infinite: check how the checkpoint was written");
   Int8Weight out;
   out.scales_ = w.abs().amax(1, /*keepdim=*/true) / 127;
   const torch::Tensor safe = torch::where(out.scales_ > 0, out.scales_, torch::ones_like(out.scales_));

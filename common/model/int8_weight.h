@@ -1,8 +1,8 @@
 // Int8Weight: a frozen linear weight W [out, in] held as 8-bit integers with one fp32 absmax scale
 // per output row (the vector-wise quantization of LLM.int8(), without its fp16 outlier columns):
 // w ~= code * scale, code = round(w / scale) in [-127, 127], scale = max |w| of the row / 127.
-// About 8.03 bits a weight: half of bf16's bytes, twice NF4's, and a finer grid than NF4 for
-// weights with heavy-tailed rows. Rows are rebuilt in the compute dtype inside each product
+// About 8.03 bits a weight: half of bf16's bytes, twice NF4's, 255 levels a row against NF4's 16
+// a block of 64. Rows are rebuilt in the compute dtype inside each product
 // (FrozenWeight). The tensors live on the model's device.
 #pragma once
 
