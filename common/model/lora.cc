@@ -66,8 +66,37 @@ torch::Tensor LoraLinearImpl::forward(const torch::Tensor& x) {
   } else {
     y = F::linear(x, as_x(weight), as_x(bias));
   }
-  if (has_adapter()) y = y + F::linear(F::linear(dropout(x), as_x(lora_A->weight)), as_x(lora_B->weight)) * scaling;
-  return y;
+  if (!has_adapter()) return y;
+  if (group_starts_.empty()) return y + LowRank(x, lora_A->weight, lora_B->weight) * scaling;
+  Require(x.size(0) == group_starts_.back(), ErrorCode::kInvalidArgument,
+          "a batch of " + std::to_string(x.size(0)) + " rows for LoRA row groups over " + std::to_string(group_starts_.back()) +
+              " rows: set the row groups of this batch");
+  std::vector<torch::Tensor> groups;
+  for (size_t g = 0; g < group_adapters_.size(); ++g) {
+    const torch::Tensor rows = x.slice(0, group_starts_[g], group_starts_[g + 1]);
+    groups.push_back(LowRank(rows, group_adapters_[g].first, group_adapters_[g].second));
+  }
+  return y + torch::cat(groups, 0) * scaling;
+}
+
+torch::Tensor LoraLinearImpl::LowRank(const torch::Tensor& x, const torch::Tensor& a, const torch::Tensor& b) {
+  namespace F = torch::nn::functional;
+  return F::linear(F::linear(dropout(x), a.to(x.scalar_type())), b.to(x.scalar_type()));
+}
+
+void LoraLinearImpl::SetRowGroups(std::vector<int64_t> starts, std::vector<std::pair<torch::Tensor, torch::Tensor>> adapters) {
+  Require(has_adapter(), ErrorCode::kInvalidArgument, "LoRA row groups on a projection without an adapter: add LoRA first");
+  bool ascending = !adapters.empty() && starts.size() == adapters.size() + 1 && starts.front() == 0;
+  for (size_t g = 0; ascending && g + 1 < starts.size(); ++g) ascending = starts[g] < starts[g + 1];
+  Require(ascending, ErrorCode::kInvalidArgument,
+          "LoRA row groups need one more start than adapters, ascending from 0: give each adapter its rows");
+  group_starts_ = std::move(starts);
+  group_adapters_ = std::move(adapters);
+}
+
+void LoraLinearImpl::ClearRowGroups() {
+  group_starts_.clear();
+  group_adapters_.clear();
 }
 
 void LoraLinearImpl::Merge() {

@@ -10,6 +10,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/model/base_weights.h"
@@ -49,6 +50,15 @@ class LoraLinearImpl : public torch::nn::Module {
   // Bytes of the base weight as held: dense W, or its compact form.
   int64_t BaseWeightBytes() const;
 
+  // Row groups with adapters of their own (a server batching several clients' steps, S-LoRA and
+  // Punica's scheme): until ClearRowGroups, rows [starts[g], starts[g+1]) of x's first dimension
+  // use A = adapters[g].first and B = adapters[g].second in place of lora_A and lora_B (one base
+  // product over every row, then each group's low-rank product over its rows). starts ascend from
+  // 0 to x's first dimension; the tensors are used, not copied, so gradients reach them.
+  // kInvalidArgument without an adapter or with starts that do not match adapters.
+  void SetRowGroups(std::vector<int64_t> starts, std::vector<std::pair<torch::Tensor, torch::Tensor>> adapters);
+  void ClearRowGroups();
+
   // Module::to, and a compact form follows the device (never the dtype).
   void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
   void to(torch::Dtype dtype, bool non_blocking = false) override;
@@ -63,7 +73,11 @@ class LoraLinearImpl : public torch::nn::Module {
   int64_t in_features_, out_features_;
   void MoveFrozen(const torch::Device& device);
 
+  torch::Tensor LowRank(const torch::Tensor& x, const torch::Tensor& a, const torch::Tensor& b);
+
   BaseWeights format_;
+  std::vector<int64_t> group_starts_;  // empty: no row groups
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> group_adapters_;
   std::unique_ptr<FrozenWeight> frozen_;  // set unless format_ is fp32
   torch::Device frozen_device_ = torch::kCPU;
 };

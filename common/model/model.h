@@ -154,6 +154,7 @@ class ModelPartImpl : public torch::nn::Module {
   // (activation checkpointing): same gradients, less memory, one more forward of the layers.
   // kInvalidArgument with LoRA dropout (its random mask would differ the second time).
   void set_recompute_layers(bool recompute);
+  bool recompute_layers() const { return recompute_layers_; }
   // Parameters that require gradients (LoRA only, once AddLora was called).
   std::vector<torch::Tensor> TrainableParameters();
 
