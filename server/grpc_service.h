@@ -37,6 +37,7 @@ struct ServiceOptions {
   int max_chunks = 4096;
   double stall_timeout_seconds = 30;
   std::string server_id = "amaq-server";
+  BatchOptions batching;  // how the compute stage gathers the steps of several clients
 };
 
 // A step stream the service watches for stalls (the Steps reactor).
@@ -113,7 +114,7 @@ class SplitTrainingService final : public amaq::v1::SplitTraining::CallbackServi
   std::map<std::string, WatchedStream*> stream_of_;  // the one open step stream of each client
   bool stopping_watch_ = false;
   std::thread watchdog_;
-  StepWorker worker_{server_};  // destroyed first: runs the steps still queued, then stops
+  StepWorker worker_{server_, options_.batching};  // destroyed first: runs the steps still queued, then stops
 };
 
 // amaq::Error codes map one to one onto gRPC status codes (messages cut to 2 KiB); any other

@@ -34,12 +34,24 @@ void ServerOptionKeys(Keys& keys) {
   keys.Int("seed", &O::seed, "seed of the LoRA initialisation (clients use the same)", 0, INT64_MAX);
 }
 
+void AddBatchKeys(Config& config, const BatchOptions& defaults) {
+  config.AddInt("batch_tokens", defaults.max_tokens,
+                "most rows x tokens of one batch of several clients' training steps (0: each step alone; -1: " +
+                    std::to_string(BatchOptions::kGpuBatchTokens) + " on a GPU, 0 on a CPU)",
+                -1, 1 << 24);
+  config.AddDouble("batch_wait_ms", defaults.wait_ms, "how long to wait for more clients' steps to batch (0: take what is queued)",
+                   0, 1000);
+}
+
+BatchOptions BatchFromConfig(const Config& config) { return {config.Int("batch_tokens"), config.Double("batch_wait_ms")}; }
+
 // The keys that set ServiceOptions fields.
 template <typename Keys>
 void ServiceOptionKeys(Keys& keys) {
   using O = ServiceOptions;
   keys.Int("max_chunk_bytes", &O::max_chunk_bytes, "largest tensor chunk per gRPC message", 1024, 64 << 20);
   keys.Double("stall_timeout_seconds", &O::stall_timeout_seconds, "end a client's stream stuck this long in the middle of a step", 0.1, 1e6);
+  keys.Group(&O::batching, AddBatchKeys, BatchFromConfig);
 }
 
 }  // namespace

@@ -8,18 +8,20 @@
 #include <filesystem>
 #include <functional>
 #include <numeric>
+#include <set>
 #include <sstream>
 
 #include "common/base/atomic_file.h"
 #include "common/model/checkpoint.h"
 #include "common/base/error.h"
 #include "common/model/evaluate.h"
+#include "common/model/lora_row_groups.h"
 
 namespace amaq::server {
 
 struct SplitServer::LoraState {
-  std::vector<torch::Tensor> values;
-  std::unique_ptr<torch::optim::AdamW> optimizer;
+  std::vector<torch::Tensor> values;  // leaves that require gradients, in TrainableParameters() order
+  std::unique_ptr<torch::optim::AdamW> optimizer;  // over values
 };
 
 struct SplitServer::Session {
@@ -73,7 +75,13 @@ SplitServer::SplitServer(ServerOptions options) : options_(std::move(options)) {
   LoadPartWeights(part_, options_.model_dir);
   part_->AddLora(options_.lora, options_.seed);
   part_->to(device_);
-  lora_params_ = part_->TrainableParameters();
+  const std::vector<torch::Tensor> lora_params = part_->TrainableParameters();
+  for (const auto& p : lora_params) {
+    for (const auto& [name, tensor] : part_->LoraParameters()) {
+      if (tensor.is_same(p)) lora_names_.push_back(name);
+    }
+    initial_lora_.push_back(p.detach().clone());
+  }
   // The client's layers [0, cut) carry the same LoRA tensors as the server's first layer.
   const std::string first = "model.layers." + std::to_string(options_.cut_layer) + ".";
   for (const auto& [name, tensor] : part_->LoraParameters()) {
@@ -82,7 +90,6 @@ SplitServer::SplitServer(ServerOptions options) : options_(std::move(options)) {
       client_lora_shapes_["model.layers." + std::to_string(layer) + "." + name.substr(first.size())] = tensor.sizes().vec();
     }
   }
-  for (const auto& p : lora_params_) initial_lora_.push_back(p.detach().clone());
   if (options_.shared_lora) shared_ = NewLoraState();
   if (!options_.checkpoint_dir.empty()) {
     RequireWritableDirectory(options_.checkpoint_dir, "checkpoint_dir");
@@ -90,7 +97,7 @@ SplitServer::SplitServer(ServerOptions options) : options_(std::move(options)) {
   }
   spdlog::info("server part: layers [{}, {}) + head of {} on {}, {} base weights ({:.1f} MB), {} LoRA tensors, "
                "fingerprint {}", options_.cut_layer, config_.num_hidden_layers, options_.model_dir, device_name_,
-               options_.base_weights, part_->BaseWeightBytes() / 1e6, lora_params_.size(), fingerprint_);
+               options_.base_weights, part_->BaseWeightBytes() / 1e6, lora_names_.size(), fingerprint_);
 }
 
 SplitServer::~SplitServer() = default;
@@ -107,15 +114,12 @@ StepShapeLimits SplitServer::step_limits() const {
 
 std::unique_ptr<SplitServer::LoraState> SplitServer::NewLoraState() {
   auto lora = std::make_unique<LoraState>();
-  for (const auto& t : initial_lora_) lora->values.push_back(t.clone());
-  Activate(*lora);
-  lora->optimizer = std::make_unique<torch::optim::AdamW>(lora_params_, torch::optim::AdamWOptions(options_.lr).weight_decay(0.0));
+  for (const auto& t : initial_lora_) lora->values.push_back(t.clone().requires_grad_(true));
+  lora->optimizer = std::make_unique<torch::optim::AdamW>(lora->values, torch::optim::AdamWOptions(options_.lr).weight_decay(0.0));
   return lora;
 }
 
-void SplitServer::Activate(LoraState& lora) {
-  for (size_t i = 0; i < lora_params_.size(); ++i) lora_params_[i].set_data(lora.values[i]);
-}
+SplitServer::LoraState& SplitServer::LoraOf(Session& s) { return s.own ? *s.own : *shared_; }
 
 int64_t SplitServer::Join(const std::string& client_id, const std::string& fingerprint, int64_t cut_layer,
                           const std::string& method) {
@@ -166,23 +170,56 @@ quant::CodecContext SplitServer::CodecContextFor(const std::string& client_id) c
   return context;
 }
 
+struct SplitServer::Admitted {
+  BatchEntry* entry;
+  Session* session;
+  torch::Tensor activation;  // [batch, tokens, hidden], fp32, CPU
+  Received received;
+};
+
 StepResult SplitServer::Step(const std::string& client_id, const StepInput& in) {
+  std::vector<BatchEntry> batch(1);
+  batch[0].client_id = client_id;
+  batch[0].input = &in;
+  StepBatch(batch);
+  if (batch[0].error) std::rethrow_exception(batch[0].error);
+  return std::move(batch[0].result);
+}
+
+void SplitServer::StepBatch(std::vector<BatchEntry>& batch) {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto started = Clock::now();
-  Session& s = SessionOf(client_id);
-  if (in.cache == DecodeCache::kNone) s.decode_cache.reset();
-  CheckStepFields(in, step_limits());
-  if (std::optional<StepResult> stored = AnswerRetry(s, in)) return *stored;
-  const bool replay = Admit(s, in, started);
-  Received received;
-  const torch::Tensor activation = Decode(s, in, &received);
-  if (in.kind != StepKind::kTrain) return Evaluate(s, in, activation);
-  torch::Tensor gradient;
-  StepResult result = Train(s, in, activation, replay, &gradient);
-  result.server_seconds = std::chrono::duration<double>(Clock::now() - started).count();
-  s.stats.gradient_bytes += result.gradient.size();  // sent, applied or not
-  if (!replay) Commit(s, in, result, std::move(gradient), received, started);
-  return result;
+  std::vector<Admitted> train, replays;
+  std::set<std::string> clients;
+  for (BatchEntry& e : batch) {
+    try {
+      Require(clients.insert(e.client_id).second, ErrorCode::kInternal,
+              "two steps of client " + e.client_id + " in one batch: batch at most one step per client");
+      Session& s = SessionOf(e.client_id);
+      const StepInput& in = *e.input;
+      if (in.cache == DecodeCache::kNone) s.decode_cache.reset();
+      CheckStepFields(in, step_limits());
+      if (std::optional<StepResult> stored = AnswerRetry(s, in)) {
+        e.result = std::move(*stored);
+        continue;
+      }
+      const bool replay = Admit(s, in, started);
+      Received received;
+      torch::Tensor activation = Decode(s, in, &received);
+      if (in.kind != StepKind::kTrain) {
+        e.result = Evaluate(s, in, activation);
+        continue;
+      }
+      (replay ? replays : train).push_back({&e, &s, std::move(activation), std::move(received)});
+    } catch (...) {
+      e.error = std::current_exception();
+    }
+  }
+  if (!train.empty()) TrainBatch(train, started, /*replays=*/false);
+  for (Admitted& replay : replays) {  // alone: their losses must not reach a shared LoRA's step
+    std::vector<Admitted> one{std::move(replay)};
+    TrainBatch(one, started, /*replays=*/true);
+  }
 }
 
 std::optional<StepResult> SplitServer::AnswerRetry(Session& s, const StepInput& in) {
@@ -235,7 +272,7 @@ torch::Tensor StepTensor(const std::vector<int32_t>& values, const StepInput& in
 
 StepResult SplitServer::Evaluate(Session& s, const StepInput& in, const torch::Tensor& activation) {
   torch::NoGradGuard no_grad;
-  Activate(s.own ? *s.own : *shared_);
+  const LoraRowGroups lora(part_, {0, in.batch}, {&LoraOf(s).values});
   part_->eval();
   const torch::Tensor mask = StepTensor(in.mask, in, device_);
   const torch::Tensor x = activation.to(device_, part_->compute_dtype());
@@ -281,34 +318,104 @@ torch::Tensor SplitServer::NextTokensCached(Session& s, const StepInput& in, con
   }
 }
 
-// Forward, loss, backward and the gradient's message (*gradient: its values). The LoRA and the
-// optimizer's state do not change here.
-StepResult SplitServer::Train(Session& s, const StepInput& in, const torch::Tensor& activation, bool replay,
-                              torch::Tensor* gradient) {
-  LoraState& lora = s.own ? *s.own : *shared_;
-  Activate(lora);
+namespace {
+
+// values [B, T, ...] padded with `fill` to [B, tokens, ...] along the token dimension.
+torch::Tensor PadTokens(const torch::Tensor& values, int64_t tokens, double fill) {
+  if (values.size(1) == tokens) return values;
+  std::vector<int64_t> pad(2 * (values.dim() - 1), 0);
+  pad.back() = tokens - values.size(1);  // constant_pad_nd lists the last dimension first
+  return torch::constant_pad_nd(values, pad, fill);
+}
+
+}  // namespace
+
+void SplitServer::TrainBatch(std::vector<Admitted>& steps, Clock::time_point started, bool replays) {
+  // Rows of every step, padded at the end to the longest (masked, unlabelled: a causal model's
+  // earlier tokens never see them).
+  int64_t tokens = 0;
+  for (const Admitted& a : steps) tokens = std::max(tokens, a.entry->input->tokens);
+  std::vector<torch::Tensor> xs, masks, labels;
+  std::vector<int64_t> row_starts{0};
+  std::vector<const std::vector<torch::Tensor>*> adapters;
+  for (const Admitted& a : steps) {
+    const StepInput& in = *a.entry->input;
+    xs.push_back(PadTokens(a.activation, tokens, 0));
+    masks.push_back(PadTokens(StepTensor(in.mask, in, torch::kCPU), tokens, 0));
+    labels.push_back(PadTokens(StepTensor(in.labels, in, torch::kCPU), tokens, -100));
+    row_starts.push_back(row_starts.back() + in.batch);
+    adapters.push_back(&LoraOf(*a.session).values);
+  }
+  const torch::Tensor x = torch::cat(xs).to(device_, part_->compute_dtype()).detach().requires_grad_(true);
+  xs.clear();
   part_->train();
-  const torch::Tensor x = activation.to(device_, part_->compute_dtype()).detach().requires_grad_(true);
-  const torch::Tensor loss = NextTokenLoss(part_(x, StepTensor(in.mask, in, device_)), StepTensor(in.labels, in, device_));
-  StepResult result;
-  result.step_id = in.step_id;
-  result.duplicate = replay;
-  result.loss = loss.item<float>();
-  Require(std::isfinite(result.loss), ErrorCode::kInvalidArgument,
-          "the loss of step " + std::to_string(in.step_id) + " is not finite: training diverged; lower the learning rates");
-  lora.optimizer->zero_grad();
-  loss.backward();
-  *gradient = x.grad().reshape({in.batch * in.tokens, config_.hidden_size}).to(torch::kCPU, torch::kFloat).contiguous();
-  result.gradient = s.codec->EncodeGradient(gradient->data_ptr<float>(), gradient->size(0), gradient->size(1)).bytes;
-  return result;
+  torch::Tensor hidden;  // the layers' output for every row, before the final norm and head
+  {
+    const LoraRowGroups lora(part_, row_starts, adapters);
+    hidden = part_->Body(x, torch::cat(masks).to(device_));
+  }
+  // The head, loss and their backward one step at a time, into the gradient of the layers' output:
+  // only one step's logits ([rows, tokens, vocab], the largest tensors) are held at once.
+  const torch::Tensor head_input = hidden.detach().requires_grad_(true);
+  const torch::Tensor all_labels = torch::cat(labels).to(device_);
+  for (const Admitted& a : steps) LoraOf(*a.session).optimizer->zero_grad();
+  std::vector<LoraState*> trained;  // each LoRA with a step of finite loss, once, in the order of the steps
+  std::vector<bool> finite(steps.size(), false);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const StepInput& in = *steps[i].entry->input;
+    const auto rows = [&](const torch::Tensor& t) { return t.slice(0, row_starts[i], row_starts[i + 1]).slice(1, 0, in.tokens); };
+    const torch::Tensor loss = NextTokenLoss(part_->Head(rows(head_input)), rows(all_labels));
+    StepResult& result = steps[i].entry->result;
+    result.step_id = in.step_id;
+    result.duplicate = replays;
+    result.loss = loss.item<float>();
+    if (!std::isfinite(result.loss)) {
+      steps[i].entry->error = std::make_exception_ptr(
+          Error(ErrorCode::kInvalidArgument, "the loss of step " + std::to_string(in.step_id) +
+                                                 " is not finite: training diverged; lower the learning rates"));
+      continue;
+    }
+    finite[i] = true;
+    loss.backward();
+    LoraState* lora = &LoraOf(*steps[i].session);
+    if (std::find(trained.begin(), trained.end(), lora) == trained.end()) trained.push_back(lora);
+  }
+  if (trained.empty()) return;
+  hidden.backward(head_input.grad());
+  const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
+  std::vector<torch::Tensor> gradients(steps.size());
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (!finite[i]) continue;
+    const StepInput& in = *steps[i].entry->input;
+    Session& s = *steps[i].session;
+    gradients[i] = x.grad()
+                       .slice(0, row_starts[i], row_starts[i + 1])
+                       .slice(1, 0, in.tokens)
+                       .reshape({in.batch * in.tokens, config_.hidden_size})
+                       .to(torch::kCPU, torch::kFloat)
+                       .contiguous();
+    StepResult& result = steps[i].entry->result;
+    result.gradient = s.codec->EncodeGradient(gradients[i].data_ptr<float>(), gradients[i].size(0), gradients[i].size(1)).bytes;
+    result.server_seconds = seconds;
+    s.stats.gradient_bytes += result.gradient.size();  // sent, applied or not
+  }
+  if (replays) return;
+  for (LoraState* lora : trained) {
+    if (options_.max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(lora->values, options_.max_grad_norm);
+    lora->optimizer->step();
+  }
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (finite[i]) {
+      Commit(*steps[i].session, *steps[i].entry->input, steps[i].entry->result, std::move(gradients[i]),
+             steps[i].received, started);
+    }
+  }
+  CheckpointIfDue();
 }
 
 // The step's update and everything that records it.
 void SplitServer::Commit(Session& s, const StepInput& in, const StepResult& result, torch::Tensor gradient,
                          const Received& received, Clock::time_point started) {
-  LoraState& lora = s.own ? *s.own : *shared_;
-  if (options_.max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(lora_params_, options_.max_grad_norm);
-  lora.optimizer->step();
   s.last_applied = in.step_id;
   s.last_step_at = started;
   s.last_reply = result;
@@ -322,7 +429,11 @@ void SplitServer::Commit(Session& s, const StepInput& in, const StepResult& resu
                       {in.step_id, std::chrono::duration<double>(started - started_).count(), result.loss,
                        received.average_bits, s.stats.activation_bytes, s.stats.gradient_bytes},
                       received.width_shares);
-  if (++applied_since_checkpoint_ >= options_.checkpoint_every) {
+  ++applied_since_checkpoint_;
+}
+
+void SplitServer::CheckpointIfDue() {
+  if (applied_since_checkpoint_ >= options_.checkpoint_every) {
     // A failed periodic checkpoint (disk full, folder gone) must not fail the step that was just
     // applied: the previous checkpoint stays, the error is logged and counted, and the next step
     // tries again. Checkpoint() (at shutdown) does throw.
@@ -397,11 +508,11 @@ NamedFloats SplitServer::AverageAdapters(const std::string& client_id, const Nam
 ServerAdapterInfo SplitServer::AdapterOf(const std::string& client_id) {
   std::lock_guard<std::mutex> lock(mutex_);
   Session& s = SessionOf(client_id);
-  Activate(s.own ? *s.own : *shared_);
   ServerAdapterInfo info;
-  for (const auto& [name, tensor] : part_->LoraParameters()) {
-    const torch::Tensor values = tensor.detach().to(torch::kCPU, torch::kFloat).contiguous();
-    info.tensors[name] = NamedFloat{values.sizes().vec(),
+  const std::vector<torch::Tensor>& lora = LoraOf(s).values;
+  for (size_t i = 0; i < lora.size(); ++i) {
+    const torch::Tensor values = lora[i].detach().to(torch::kCPU, torch::kFloat).contiguous();
+    info.tensors[lora_names_[i]] = NamedFloat{values.sizes().vec(),
                                     std::vector<float>(values.data_ptr<float>(), values.data_ptr<float>() + values.numel())};
   }
   info.shared = !s.own;
@@ -462,7 +573,6 @@ void SplitServer::CheckpointLocked() {
     archive.write("client." + id + ".last_applied", torch::tensor(s->last_applied));
     archive.write("client." + id + ".applied_steps", torch::tensor(s->stats.steps));
     if (s->own) {
-      Activate(*s->own);
       SaveLora(archive, "client." + id, s->own->values, *s->own->optimizer);
     }
   }
@@ -482,7 +592,6 @@ void SplitServer::CheckpointLocked() {
   }
   archive.write("adapter_clients", c10::IValue(uploaders));
   if (shared_) {
-    Activate(*shared_);
     SaveLora(archive, "shared", shared_->values, *shared_->optimizer);
   }
   std::ostringstream bytes;
@@ -504,9 +613,9 @@ void SplitServer::LoadCheckpoint() {
     for (size_t i = 0; i < lora.values.size(); ++i) {
       torch::Tensor t;
       archive.read(prefix + ".lora." + std::to_string(i), t);
+      torch::NoGradGuard no_grad;
       lora.values[i].copy_(t);
     }
-    Activate(lora);
     torch::serialize::InputArchive opt;
     archive.read(prefix + ".optimizer", opt);
     lora.optimizer->load(opt);

@@ -16,8 +16,11 @@
 //            finite is refused), backward, the gradient encoded;
 //   commit   TRAIN: the optimizer steps, the step counter, statistics and stored reply move on.
 // A step refused at any stage leaves the LoRA, the optimizer, the step counter and the statistics
-// as they were (only the activation bytes it carried are counted as received). Steps are applied once: a repeated step id below the last one (a replay after the
-// server restarted) is answered but not applied. Steps run one at a time (one model, one device).
+// as they were (only the activation bytes it carried are counted as received). Steps are applied
+// once: a repeated step id below the last one (a replay after the server restarted) is answered but
+// not applied. Steps, or batches of steps of different clients (StepBatch), run one at a time (one
+// model, one device). The part's own LoRA tensors only hold the seeded start: every forward runs
+// the LoRA of a session (or the shared one) as row groups.
 #pragma once
 
 #include <torch/torch.h>
@@ -25,6 +28,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -90,6 +94,22 @@ class SplitServer {
   int64_t Join(const std::string& client_id, const std::string& fingerprint, int64_t cut_layer,
                const std::string& method);
   StepResult Step(const std::string& client_id, const StepInput& input);
+  // Steps of several clients, at most one each, run as one batch: the TRAIN steps share one
+  // forward and backward over the server's layers (rows padded to the longest step; each client's
+  // own LoRA applied to its rows, lora_row_groups.h) and every other step runs alone; each step's
+  // stages are Step()'s. Each LoRA then steps once on the sum of the losses of the steps that used
+  // it: with per-client LoRA, each client's update and gradient are what Step() would give (to the
+  // rounding of the larger products); with shared_lora, the batch is one optimizer step over the
+  // sum of its clients' mean losses. Every step of a batch sees the state from before the batch.
+  // An entry gets its result, or the error that refused it: a refused step leaves no trace, and
+  // the others proceed.
+  struct BatchEntry {
+    std::string client_id;
+    const StepInput* input = nullptr;  // must stay alive during StepBatch
+    StepResult result;
+    std::exception_ptr error;
+  };
+  void StepBatch(std::vector<BatchEntry>& batch);
   // Collaborative mode (SplitFed-style): stores `tensors` as this client's latest client-side
   // adapter and returns, for each of its tensors, the element-wise mean over every client's latest
   // adapter that has a tensor of that name and size. `clients` receives how many clients that is.
@@ -131,11 +151,15 @@ class SplitServer {
   StepResult Evaluate(Session& s, const StepInput& in, const torch::Tensor& activation);
   // A NEXT_TOKEN step with a decoding cache: the next token of each row, [B].
   torch::Tensor NextTokensCached(Session& s, const StepInput& in, const torch::Tensor& x, const torch::Tensor& mask);
-  StepResult Train(Session& s, const StepInput& in, const torch::Tensor& activation, bool replay, torch::Tensor* gradient);
+  struct Admitted;  // a TRAIN step admitted and decoded, waiting for its batch's compute
+  // Forward, losses and backward of the admitted steps as one batch; each optimizer steps once
+  // (replays: none); then each applied step is committed.
+  void TrainBatch(std::vector<Admitted>& steps, Clock::time_point started, bool replays);
   void Commit(Session& s, const StepInput& in, const StepResult& result, torch::Tensor gradient, const Received& received,
               Clock::time_point started);
+  void CheckpointIfDue();
+  LoraState& LoraOf(Session& s);
   quant::CodecContext CodecContextFor(const std::string& client_id) const;
-  void Activate(LoraState& lora);
   std::unique_ptr<LoraState> NewLoraState();
   void LoadCheckpoint();
   void CheckAdapter(const NamedFloats& tensors) const;
@@ -147,8 +171,8 @@ class SplitServer {
   std::string device_name_;
   std::string fingerprint_;
   ModelPart part_{nullptr};
-  std::vector<torch::Tensor> lora_params_;  // the module's LoRA tensors, pointed at a LoraState
-  std::vector<torch::Tensor> initial_lora_; // their seeded initial values: every new client's start
+  std::vector<std::string> lora_names_;     // the part's LoRA tensors in TrainableParameters() order (PEFT names)
+  std::vector<torch::Tensor> initial_lora_; // their seeded initial values: every LoraState's start
   std::unique_ptr<LoraState> shared_;
   std::map<std::string, std::unique_ptr<Session>> sessions_;
   std::map<std::string, NamedFloats> adapters_;  // collaborative mode: each client's latest upload

@@ -1,7 +1,7 @@
 // StepWorker: the compute stage of the server, behind a typed queue. The network layer submits
-// complete, reassembled steps; one worker thread runs them on the SplitServer in the order they
-// arrived (one model, one device) and tells each step's sink its outcome. This queue is where the
-// steps of several clients are to be gathered into one batch, and where other transports plug in.
+// complete, reassembled steps; one worker thread takes them oldest first, gathers the training
+// steps of several clients into one batch (SplitServer::StepBatch: one forward and backward for
+// all of them) and tells each step's sink its outcome. Other transports plug in here too.
 #pragma once
 
 #include <condition_variable>
@@ -11,6 +11,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common/base/split_step.h"
 #include "server/split_server.h"
@@ -32,10 +33,29 @@ struct QueuedStep {
   StepSink* sink = nullptr;  // must stay alive until it has been told the outcome
 };
 
+// How the worker gathers a batch (docs/protocol.md, "Batching").
+struct BatchOptions {
+  // Most rows x tokens (rows padded to the longest step) one batch holds; a larger step runs
+  // alone, and 0 runs every step alone. kAuto: kGpuBatchTokens on a GPU; 0 on a CPU, where a
+  // step is already bound by arithmetic and a batch ran slower (docs/benchmarks.md, "Batching").
+  static constexpr int64_t kAuto = -1, kGpuBatchTokens = 16384;
+  int64_t max_tokens = kAuto;
+  // How long the worker waits for more steps once it has one that leaves room (0: it takes what
+  // is queued).
+  double wait_ms = 0;
+};
+
+// The queued steps (indices into `queue`, oldest first) that form the next batch: the oldest
+// step; then, while the batch is TRAIN steps only, each later TRAIN step of a client not yet in
+// the batch whose rows fit `max_tokens` with the batch's. A client's later steps stay behind its
+// earliest, so its steps keep their order, and no client waits behind another's queued steps for
+// more than one batch each.
+std::vector<size_t> PickBatch(const std::deque<QueuedStep>& queue, int64_t max_tokens);
+
 class StepWorker {
  public:
   // `server` must outlive the worker.
-  explicit StepWorker(SplitServer& server);
+  StepWorker(SplitServer& server, BatchOptions options);
   // Runs the steps still queued (their sinks are told), then stops the thread.
   ~StepWorker();
   StepWorker(const StepWorker&) = delete;
@@ -45,9 +65,10 @@ class StepWorker {
 
  private:
   void Run();
-  void RunOne(QueuedStep step);
+  void RunBatch(std::vector<QueuedStep> steps);
 
   SplitServer& server_;
+  const BatchOptions options_;
   std::mutex mutex_;
   std::condition_variable ready_;
   std::deque<QueuedStep> queue_;

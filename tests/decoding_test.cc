@@ -168,7 +168,7 @@ TEST_F(GenerateTest, GreedyTextIsTheUncachedArgmaxContinuation) {
   const Generation s = Generate(model, *tokenizer, "past tense of walk:", stopping);
   EXPECT_EQ(s.finish, "stop");
   EXPECT_EQ(s.text, g.text.substr(0, g.text.find(stopping.stop[0])));
-  EXPECT_THROW(Generate(model, *tokenizer, [] { std::string s; for (int i = 0; i < 2100; ++i) s += " walk"; return s; }(), o), Error);
+  EXPECT_THROW(Generate(model, *tokenizer, [] { std::string text; for (int i = 0; i < 2100; ++i) text += " walk"; return text; }(), o), Error);
 }
 
 }  // namespace

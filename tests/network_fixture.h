@@ -54,6 +54,7 @@ class Network : public ::testing::Test {
     server::ServiceOptions s;
     s.max_chunk_bytes = 4096;  // small: every step is chunked
     s.stall_timeout_seconds = stall_timeout_seconds_;
+    s.batching.max_tokens = 1 << 16;  // the steps of clients that meet in the queue run as one batch
     service_ = std::make_unique<server::SplitTrainingService>(*split_, *tokens_store_, s);
     server::EnableStandardServices();
     grpc::ServerBuilder builder;

@@ -225,6 +225,10 @@ torch::Tensor ModelPartImpl::Head(const torch::Tensor& x) {
 }
 
 torch::Tensor ModelPartImpl::forward(const torch::Tensor& input, const torch::Tensor& attention_mask) {
+  return Head(Body(input, attention_mask));
+}
+
+torch::Tensor ModelPartImpl::Body(const torch::Tensor& input, const torch::Tensor& attention_mask) {
   Require(attention_mask.dim() == 2 && attention_mask.size(0) == input.size(0) &&
               attention_mask.size(1) == input.size(1),
           ErrorCode::kInvalidArgument, "attention_mask must be [batch, tokens] like the input");
@@ -242,7 +246,7 @@ torch::Tensor ModelPartImpl::forward(const torch::Tensor& input, const torch::Te
     const bool recompute = recompute_layers_ && torch::GradMode::is_enabled();
     for (auto& layer : layers) x = recompute ? ForwardRecomputed(*layer, x, rotary, mask) : layer(x, rotary, mask);
   }
-  return Head(x);
+  return x;
 }
 
 torch::Tensor ModelPartImpl::ForwardCached(const torch::Tensor& input, const torch::Tensor& attention_mask,

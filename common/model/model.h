@@ -133,6 +133,11 @@ class ModelPartImpl : public torch::nn::Module {
   // context + segment alone would. Returns logits [B, T, V] when the part has the head, else
   // hidden states [B, T, H].
   torch::Tensor forward(const torch::Tensor& input, const torch::Tensor& attention_mask);
+  // forward() in two halves, Head(Body(input, mask)), for a caller that runs the head on slices of
+  // the rows (a server computing each client's loss in turn): Body is forward without the final
+  // norm and head, Head those two alone (the identity when the part has no head).
+  torch::Tensor Body(const torch::Tensor& input, const torch::Tensor& attention_mask);
+  torch::Tensor Head(const torch::Tensor& x);
   // Incremental forward for decoding: `input` [B, t] continues the sequences `cache` holds (empty:
   // a prefill), attention_mask [B, t] is 1 for tokens and 0 for padding (no candidate segments),
   // and the cache grows by these t tokens. Row p of the output equals row T_seen + p of forward()
@@ -192,7 +197,6 @@ class ModelPartImpl : public torch::nn::Module {
                    torch::Dtype dtype) const;
   Rotary RotaryAt(const torch::Tensor& positions, torch::Dtype dtype) const;  // positions [B, T]
   torch::Tensor Embed(const torch::Tensor& input);  // ids or hidden states in, hidden states out
-  torch::Tensor Head(const torch::Tensor& x);       // the final norm and lm_head, if this part has them
   template <typename Fn>
   void ForEachLinear(Fn fn);
 
