@@ -216,6 +216,15 @@ SplitTrainingService::SplitTrainingService(SplitServer& server, TokenStore& toke
       for (WatchedStream* stream : watched) {
         if (streams_.count(stream)) stream->CheckStall(std::chrono::steady_clock::now(), timeout);
       }
+      std::set<std::string> connected;
+      for (const auto& [client, stream] : stream_of_) connected.insert(client);
+      lock.unlock();  // eviction writes files: streams come and go meanwhile
+      try {
+        server_.EvictIdle(connected);
+      } catch (const std::exception& e) {
+        spdlog::error("evicting idle sessions failed (they stay in memory; retrying): {}", e.what());
+      }
+      lock.lock();
     }
   });
 }

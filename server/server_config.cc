@@ -31,6 +31,10 @@ void ServerOptionKeys(Keys& keys) {
   keys.Double("max_steps_per_second", &O::max_steps_per_second, "per-client limit on training steps per second (0: none)", 0, 1e6);
   keys.Int("aqsgd_cache_mb", &O::aqsgd_cache_mb, "memory of each client's AQ-SGD cache before spilling", 1, 1 << 20);
   keys.String("aqsgd_spill_dir", &O::aqsgd_spill_dir, "where AQ-SGD caches spill (empty: the memory limit is hard)");
+  keys.Double("session_ttl_seconds", &O::session_ttl_seconds,
+              "evict a session idle this long (no stream, no call) to checkpoint_dir/sessions; its client's Join resumes it "
+              "(0: never)",
+              0, 1e9);
   keys.Int("seed", &O::seed, "seed of the LoRA initialisation (clients use the same)", 0, INT64_MAX);
 }
 

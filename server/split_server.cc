@@ -15,6 +15,7 @@
 #include "common/model/checkpoint.h"
 #include "common/base/error.h"
 #include "common/model/evaluate.h"
+#include "quant/checksum.h"
 #include "common/model/lora_row_groups.h"
 
 namespace amaq::server {
@@ -36,6 +37,7 @@ struct SplitServer::Session {
   std::optional<StepResult> last_reply;
   torch::Tensor last_gradient;              // fp32, CPU, [rows, hidden]
   Clock::time_point last_step_at{};         // of the last applied TRAIN step
+  Clock::time_point last_seen = Clock::now();  // of the last call of this client (session_ttl_seconds)
   ClientStats stats;
   // NEXT_TOKEN steps with a decoding cache: the server part's keys and values of the sequences
   // being decoded (started by START_CACHE; dropped by any other step, a rejoin, or a failure).
@@ -91,6 +93,9 @@ SplitServer::SplitServer(ServerOptions options) : options_(std::move(options)) {
     }
   }
   if (options_.shared_lora) shared_ = NewLoraState();
+  Require(options_.session_ttl_seconds <= 0 || !options_.checkpoint_dir.empty(), ErrorCode::kInvalidArgument,
+          "session_ttl_seconds is set without a checkpoint_dir: evicted sessions are kept there; set checkpoint_dir, "
+          "or session_ttl_seconds: 0");
   if (!options_.checkpoint_dir.empty()) {
     RequireWritableDirectory(options_.checkpoint_dir, "checkpoint_dir");
     if (std::filesystem::exists(CheckpointPath(options_))) LoadCheckpoint();
@@ -138,12 +143,16 @@ int64_t SplitServer::Join(const std::string& client_id, const std::string& finge
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = sessions_.find(client_id);
   if (it == sessions_.end()) {
-    auto session = std::make_unique<Session>();
-    session->client_id = client_id;
-    if (!options_.shared_lora) session->own = NewLoraState();
+    std::unique_ptr<Session> session = LoadEvicted(client_id);
+    if (!session) {
+      session = std::make_unique<Session>();
+      session->client_id = client_id;
+      if (!options_.shared_lora) session->own = NewLoraState();
+    }
     it = sessions_.emplace(client_id, std::move(session)).first;
   }
   Session& s = *it->second;
+  s.last_seen = Clock::now();
   Require(s.method_text.empty() || s.method_text == canonical, ErrorCode::kInvalidArgument,
           "client " + client_id + " trained with method " + s.method_text + " and now asks for " + canonical +
               ": keep the method, or use a new client_id");
@@ -158,7 +167,9 @@ int64_t SplitServer::Join(const std::string& client_id, const std::string& finge
 SplitServer::Session& SplitServer::SessionOf(const std::string& client_id) {
   const auto it = sessions_.find(client_id);
   Require(it != sessions_.end() && !it->second->method_text.empty(), ErrorCode::kFailedPrecondition,
-          "client " + client_id + " has not joined: call Join first");
+          "client " + client_id + " has not joined, or its session was evicted after session_ttl_seconds idle: call Join "
+          "(it resumes an evicted session)");
+  it->second->last_seen = Clock::now();
   return *it->second;
 }
 
@@ -556,6 +567,21 @@ void SaveLora(torch::serialize::OutputArchive& archive, const std::string& prefi
   archive.write(prefix + ".optimizer", opt);
 }
 
+void LoadLora(torch::serialize::InputArchive& archive, const std::string& prefix, std::vector<torch::Tensor>& values,
+              torch::optim::AdamW& optimizer) {
+  for (size_t i = 0; i < values.size(); ++i) {
+    torch::Tensor t;
+    archive.read(prefix + ".lora." + std::to_string(i), t);
+    torch::NoGradGuard no_grad;
+    values[i].copy_(t);
+  }
+  torch::serialize::InputArchive opt;
+  archive.read(prefix + ".optimizer", opt);
+  optimizer.load(opt);
+}
+
+std::string SessionsDir(const ServerOptions& o) { return o.checkpoint_dir + "/sessions"; }
+
 }  // namespace
 
 void SplitServer::Checkpoint() {
@@ -569,12 +595,7 @@ void SplitServer::CheckpointLocked() {
   std::string clients;
   for (const auto& [id, s] : sessions_) {
     clients += id + "\n";
-    archive.write("client." + id + ".method", c10::IValue(s->method_text));
-    archive.write("client." + id + ".last_applied", torch::tensor(s->last_applied));
-    archive.write("client." + id + ".applied_steps", torch::tensor(s->stats.steps));
-    if (s->own) {
-      SaveLora(archive, "client." + id, s->own->values, *s->own->optimizer);
-    }
+    SaveSession(archive, *s);
   }
   archive.write("clients", c10::IValue(clients));
   // Collaborative mode: each client's latest adapter upload, so that an average after a restart
@@ -598,6 +619,93 @@ void SplitServer::CheckpointLocked() {
   archive.save_to(bytes);
   WriteFileAtomically(CheckpointPath(options_), bytes.str());
   applied_since_checkpoint_ = 0;
+  // The checkpoint now holds every session in memory: an evicted copy of one is out of date.
+  for (const auto& [id, s] : sessions_) std::filesystem::remove(EvictedPath(id));
+}
+
+void SplitServer::SaveSession(torch::serialize::OutputArchive& archive, Session& s) {
+  const std::string key = "client." + s.client_id;
+  archive.write(key + ".method", c10::IValue(s.method_text));
+  archive.write(key + ".last_applied", torch::tensor(s.last_applied));
+  archive.write(key + ".applied_steps", torch::tensor(s.stats.steps));
+  if (s.own) SaveLora(archive, key, s.own->values, *s.own->optimizer);
+}
+
+std::unique_ptr<SplitServer::Session> SplitServer::LoadSession(torch::serialize::InputArchive& archive, const std::string& id) {
+  auto s = std::make_unique<Session>();
+  s->client_id = id;
+  const std::string key = "client." + id;
+  c10::IValue method;
+  archive.read(key + ".method", method);
+  s->method_text = method.toStringRef();
+  s->codec = quant::Method::Parse(s->method_text)->MakeServerCodec(CodecContextFor(id));
+  torch::Tensor last;
+  archive.read(key + ".last_applied", last);
+  s->last_applied = last.item<int64_t>();
+  torch::Tensor applied;
+  archive.read(key + ".applied_steps", applied);
+  s->stats.steps = applied.item<int64_t>();
+  if (!options_.shared_lora) {
+    s->own = NewLoraState();
+    LoadLora(archive, key, s->own->values, *s->own->optimizer);
+  }
+  return s;
+}
+
+std::string SplitServer::EvictedPath(const std::string& client_id) const {
+  char name[32];
+  std::snprintf(name, sizeof name, "%016llx.pt",
+                static_cast<unsigned long long>(quant::WireChecksum(reinterpret_cast<const uint8_t*>(client_id.data()), client_id.size())));
+  return SessionsDir(options_) + "/" + name;
+}
+
+std::unique_ptr<SplitServer::Session> SplitServer::LoadEvicted(const std::string& client_id) {
+  if (options_.checkpoint_dir.empty()) return nullptr;
+  const std::string path = EvictedPath(client_id);
+  if (!std::filesystem::exists(path)) return nullptr;
+  torch::serialize::InputArchive archive;
+  c10::IValue id;
+  try {
+    archive.load_from(path);
+    archive.read("client", id);
+  } catch (const c10::Error& e) {
+    throw Error(ErrorCode::kDataLoss, path + ": an evicted session is unreadable (" + e.what_without_backtrace() +
+                                          "): move it away to start client " + client_id + " afresh");
+  }
+  if (id.toStringRef() != client_id) return nullptr;  // another id with the same hash: that client is not this one
+  spdlog::info("client {}: resuming its evicted session from {}", client_id, path);
+  return LoadSession(archive, client_id);
+}
+
+int SplitServer::EvictIdle(const std::set<std::string>& connected) {
+  if (options_.session_ttl_seconds <= 0) return 0;
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto now = Clock::now();
+  std::vector<std::string> idle;
+  for (const auto& [id, s] : sessions_) {
+    if (!connected.count(id) && std::chrono::duration<double>(now - s->last_seen).count() >= options_.session_ttl_seconds) {
+      idle.push_back(id);
+    }
+  }
+  if (idle.empty()) return 0;
+  std::filesystem::create_directories(SessionsDir(options_));
+  for (const std::string& id : idle) {
+    torch::serialize::OutputArchive archive;
+    archive.write("client", c10::IValue(id));
+    SaveSession(archive, *sessions_.at(id));
+    std::ostringstream bytes;
+    archive.save_to(bytes);
+    WriteFileAtomically(EvictedPath(id), bytes.str());
+    sessions_.erase(id);
+    spdlog::info("client {}: session evicted after {:.0f} s idle (kept in {})", id, options_.session_ttl_seconds, EvictedPath(id));
+  }
+  CheckpointLocked();  // without them: their files are the newer state
+  return static_cast<int>(idle.size());
+}
+
+size_t SplitServer::sessions_in_memory() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return sessions_.size();
 }
 
 void SplitServer::LoadCheckpoint() {
@@ -609,40 +717,17 @@ void SplitServer::LoadCheckpoint() {
     throw Error(ErrorCode::kDataLoss, path + ": server checkpoint is unreadable (" + e.what_without_backtrace() +
                                           "): move it away to start fresh");
   }
-  const auto load_lora = [&](const std::string& prefix, LoraState& lora) {
-    for (size_t i = 0; i < lora.values.size(); ++i) {
-      torch::Tensor t;
-      archive.read(prefix + ".lora." + std::to_string(i), t);
-      torch::NoGradGuard no_grad;
-      lora.values[i].copy_(t);
-    }
-    torch::serialize::InputArchive opt;
-    archive.read(prefix + ".optimizer", opt);
-    lora.optimizer->load(opt);
-  };
   c10::IValue clients;
   archive.read("clients", clients);
   std::istringstream ids(clients.toStringRef());
   for (std::string id; std::getline(ids, id);) {
-    auto s = std::make_unique<Session>();
-    s->client_id = id;
-    c10::IValue method;
-    archive.read("client." + id + ".method", method);
-    s->method_text = method.toStringRef();
-    s->codec = quant::Method::Parse(s->method_text)->MakeServerCodec(CodecContextFor(id));
-    torch::Tensor last;
-    archive.read("client." + id + ".last_applied", last);
-    s->last_applied = last.item<int64_t>();
-    torch::Tensor applied;
-    archive.read("client." + id + ".applied_steps", applied);
-    s->stats.steps = applied.item<int64_t>();
-    if (!options_.shared_lora) {
-      s->own = NewLoraState();
-      load_lora("client." + id, *s->own);
-    }
+    std::unique_ptr<Session> s = LoadSession(archive, id);
+    // A session evicted after this checkpoint was written: its file is the newer state.
+    std::unique_ptr<Session> evicted = LoadEvicted(id);
+    if (evicted && evicted->stats.steps > s->stats.steps) continue;
     sessions_.emplace(id, std::move(s));
   }
-  if (shared_) load_lora("shared", *shared_);
+  if (shared_) LoadLora(archive, "shared", shared_->values, *shared_->optimizer);
   c10::IValue uploaders;
   if (archive.try_read("adapter_clients", uploaders)) {  // absent from checkpoints of older servers
     std::istringstream uploader_ids(uploaders.toStringRef());

@@ -33,6 +33,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,9 @@ struct ServerOptions {
   double max_steps_per_second = 0;  // per client; 0: no limit (RESOURCE_EXHAUSTED above it)
   int64_t aqsgd_cache_mb = 1024;
   std::string aqsgd_spill_dir;
+  // A session whose client has had no open stream and sent nothing for this long is written to
+  // checkpoint_dir/sessions/ and dropped from memory; its client's next Join loads it (0: never).
+  double session_ttl_seconds = 0;
   uint64_t seed = 1;
 };
 
@@ -125,6 +129,14 @@ class SplitServer {
   ServerAdapterInfo AdapterOf(const std::string& client_id);
   // Writes every session's server-side state atomically (no-op without a checkpoint_dir).
   void Checkpoint();
+  // Evicts the sessions idle for session_ttl_seconds (Join, steps and adapter calls count as
+  // activity), except those of `connected` clients: each is written atomically to its own file
+  // under checkpoint_dir/sessions/, then the checkpoint is written without it; a later Join of
+  // that client loads it again, with its step counter, LoRA and optimizer (its codec streams
+  // start afresh, as after a restart). Returns how many were evicted (0 when the TTL is 0).
+  // A failed write leaves the session in memory and throws amaq::Error.
+  int EvictIdle(const std::set<std::string>& connected);
+  size_t sessions_in_memory() const;
   std::map<std::string, ClientStats> Stats() const;
   // The curves of every client's run (run_history.h), for the live view.
   const RunHistory& history() const { return history_; }
@@ -162,6 +174,12 @@ class SplitServer {
   quant::CodecContext CodecContextFor(const std::string& client_id) const;
   std::unique_ptr<LoraState> NewLoraState();
   void LoadCheckpoint();
+  // A session's state under "client.<id>." in an archive, and back (a session with its method set).
+  void SaveSession(torch::serialize::OutputArchive& archive, Session& s);
+  std::unique_ptr<Session> LoadSession(torch::serialize::InputArchive& archive, const std::string& id);
+  std::string EvictedPath(const std::string& client_id) const;
+  // The evicted session of `client_id`, or null; its file stays until a checkpoint holds the session.
+  std::unique_ptr<Session> LoadEvicted(const std::string& client_id);
   void CheckAdapter(const NamedFloats& tensors) const;
   void CheckpointLocked();
 

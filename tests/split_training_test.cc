@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 
 #include "client/local_transport.h"
@@ -727,6 +728,75 @@ TEST_F(ServerGuards, CheckpointRestoresStepsAndAdapters) {
   EXPECT_EQ(next.loss, reference.loss);
   EXPECT_EQ(next.gradient, reference.gradient);
   EXPECT_EQ(second.Stats().at("c").steps, 4);
+}
+
+
+// An idle session is written out and dropped; its client's Join brings it back with its step
+// counter, LoRA and optimizer, so the next step is the one a server that kept it would compute.
+TEST_F(ServerGuards, EvictedSessionsResumeExactlyOnJoin) {
+  server::ServerOptions o = ServerFor(dir_);
+  o.checkpoint_dir = testing::TempDir("server-evict");
+  o.session_ttl_seconds = 1e-9;  // every session without a stream is idle
+  server::SplitServer kept(ServerFor(dir_));
+  kept.Join("c", fingerprint_, 2, "fp32");
+  server::SplitServer evicting(o);
+  evicting.Join("c", fingerprint_, 2, "fp32");
+  evicting.Join("connected", fingerprint_, 2, "fp32");
+  for (int64_t s = 0; s < 2; ++s) {
+    evicting.Step("c", Valid(s));
+    kept.Step("c", Valid(s));
+  }
+  EXPECT_EQ(evicting.EvictIdle({"connected"}), 1);
+  EXPECT_EQ(evicting.sessions_in_memory(), 1u);
+  EXPECT_FALSE(evicting.Stats().count("c"));
+  try {
+    evicting.Step("c", Valid(2));
+    ADD_FAILURE() << "a step of an evicted session must ask for a Join";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kFailedPrecondition) << e.what();  // the client rejoins on it
+  }
+  EXPECT_EQ(evicting.Join("c", fingerprint_, 2, "fp32"), 1);
+  const StepResult next = evicting.Step("c", Valid(2)), reference = kept.Step("c", Valid(2));
+  EXPECT_FALSE(next.duplicate);
+  EXPECT_EQ(next.loss, reference.loss);
+  EXPECT_EQ(next.gradient, reference.gradient);
+  EXPECT_EQ(evicting.Stats().at("c").steps, 3);
+
+  server::ServerOptions never = o;
+  never.session_ttl_seconds = 1e6;
+  server::SplitServer patient(never);  // resumes "c" and "connected" from the checkpoint
+  EXPECT_EQ(patient.EvictIdle({}), 0);
+  o.checkpoint_dir.clear();
+  try {
+    server::SplitServer nowhere(o);
+    ADD_FAILURE() << "a TTL without a checkpoint_dir would lose the evicted sessions";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+  }
+}
+
+// The server stops between writing an evicted session and the checkpoint without it: on restart,
+// the newer of the two copies wins, so no applied step is lost.
+TEST_F(ServerGuards, AnEvictedSessionNewerThanTheCheckpointWins) {
+  server::ServerOptions o = ServerFor(dir_);
+  o.checkpoint_dir = testing::TempDir("server-evict-crash");
+  o.checkpoint_every = 1;
+  o.session_ttl_seconds = 1e-9;
+  const std::string checkpoint = o.checkpoint_dir + "/server.pt", older = o.checkpoint_dir + "/older.pt";
+  {
+    server::SplitServer first(o);
+    first.Join("c", fingerprint_, 2, "fp32");
+    first.Step("c", Valid(0));
+    std::filesystem::copy_file(checkpoint, older);  // holds c after 1 step
+    first.Step("c", Valid(1));
+    EXPECT_EQ(first.EvictIdle({}), 1);  // c after 2 steps in its own file
+  }
+  std::filesystem::rename(older, checkpoint);  // as if the stop came before the checkpoint
+  server::SplitServer second(o);
+  EXPECT_EQ(second.sessions_in_memory(), 0u) << "the checkpoint's older copy of c is not used";
+  EXPECT_EQ(second.Join("c", fingerprint_, 2, "fp32"), 1);
+  EXPECT_EQ(second.Stats().at("c").steps, 2);
+  EXPECT_TRUE(second.Step("c", Valid(1)).duplicate);
 }
 
 }  // namespace
