@@ -6,6 +6,8 @@
 //               loss difference over the steps must stay within --tolerance. Exit 1 otherwise.
 //   throughput  the server's layers (forward + backward through LoRA, the work of one step) on
 //               --device: samples/s and tokens/s per batch size, one JSON line per batch.
+//   batching    the server's compute stage (SplitServer + StepWorker) on --device under N replaying
+//               clients, each step alone and batched: samples/s, p50/p99 latency, one JSON line each.
 //   logits      the logits of a model directory for --ids, as float32 [T, V] in --out; with
 //               --adapter-out, first a LoRA with random A and B is added, written there as a PEFT
 //               adapter and merged, so that PEFT's logits for that adapter can be compared.
@@ -26,6 +28,7 @@
 #include "common/model/checkpoint.h"
 #include "common/model/finetune.h"
 #include "common/text/datasets.h"
+#include "bench/gpu/replay_clients.h"
 #include "server/split_server.h"
 
 using namespace amaq;
@@ -173,6 +176,31 @@ int RunThroughput(const ThroughputCheck& c) {
   return 0;
 }
 
+struct BatchingCheck {
+  bench::ReplayOptions replay;
+  std::vector<int> clients = {1, 8, 64};
+  int64_t batch_tokens = 65536;
+};
+
+int RunBatching(BatchingCheck c) {
+  for (const int clients : c.clients) {
+    c.replay.clients = clients;
+    double alone = 0;
+    for (const int64_t batch_tokens : {int64_t{0}, c.batch_tokens}) {
+      c.replay.batch_tokens = batch_tokens;
+      const bench::ReplayRound r = bench::RunReplay(c.replay);
+      if (batch_tokens == 0) alone = r.samples_per_second;
+      std::printf("{\"check\": \"batching\", \"device\": \"%s\", \"clients\": %d, \"steps\": %lld, \"batch_tokens\": %lld, "
+                  "\"samples_per_s\": %.2f, \"speedup\": %.2f, \"p50_ms\": %.1f, \"p99_ms\": %.1f, \"failed\": %d}\n",
+                  c.replay.device.c_str(), clients, static_cast<long long>(c.replay.steps), static_cast<long long>(batch_tokens),
+                  r.samples_per_second, r.samples_per_second / alone, r.p50_ms, r.p99_ms, r.failures);
+      std::fflush(stdout);
+      if (r.failures > 0) return 1;
+    }
+  }
+  return 0;
+}
+
 struct LogitsCheck {
   std::string model_dir;
   std::vector<int64_t> ids;
@@ -233,6 +261,13 @@ int main(int argc, char** argv) {
   t->add_option("--tokens", throughput.tokens, "tokens per sample")->check(CLI::Range(1, 2048))->capture_default_str();
   t->add_option("--batches", throughput.batches, "batch sizes")->delimiter(',')->capture_default_str();
   t->add_option("--seconds", throughput.seconds, "timed seconds per batch size")->capture_default_str();
+  BatchingCheck batching;
+  CLI::App* b = app.add_subcommand("batching", "the server's compute stage under replaying clients, each step alone and batched");
+  b->add_option("--model", batching.replay.model_dir, "model directory")->capture_default_str();
+  b->add_option("--device", batching.replay.device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
+  b->add_option("--clients", batching.clients, "client counts")->delimiter(',')->capture_default_str();
+  b->add_option("--steps", batching.replay.steps, "steps per client")->check(CLI::Range(1, 100000))->capture_default_str();
+  b->add_option("--batch-tokens", batching.batch_tokens, "batch_tokens of the batched rounds")->check(CLI::Range(1, 1 << 24))->capture_default_str();
   LogitsCheck logits;
   CLI::App* l = app.add_subcommand("logits", "a model directory's logits for token ids, as raw float32 [T, V]");
   l->add_option("--model", logits.model_dir, "model directory")->required();
@@ -245,6 +280,7 @@ int main(int argc, char** argv) {
   try {
     if (s->parsed()) return RunSplit(split);
     if (t->parsed()) return RunThroughput(throughput);
+    if (b->parsed()) return RunBatching(batching);
     return RunLogits(logits);
   } catch (const Error& e) {
     spdlog::error("{}", e.what());
