@@ -697,7 +697,7 @@ int SplitServer::EvictIdle(const std::set<std::string>& connected) {
     archive.save_to(bytes);
     WriteFileAtomically(EvictedPath(id), bytes.str());
     sessions_.erase(id);
-    spdlog::info("client {}: session evicted after {:.0f} s idle (kept in {})", id, options_.session_ttl_seconds, EvictedPath(id));
+    spdlog::info("client {}: session evicted after {:g} s idle (kept in {})", id, options_.session_ttl_seconds, EvictedPath(id));
   }
   CheckpointLocked();  // without them: their files are the newer state
   return static_cast<int>(idle.size());

@@ -22,6 +22,7 @@
 #include "server/grpc_service.h"
 #include "server/server_config.h"
 #include "network_fixture.h"
+#include "process.h"
 #include "tiny_model.h"
 
 namespace amaq {
@@ -329,6 +330,32 @@ TEST_F(Network, ClientResumesAfterTheServerRestarts) {
   EXPECT_EQ(split_->Stats().at("client-1").steps, 5) << "steps 0-3 restored, step 4 applied once";
   EXPECT_LT(after.loss, c.records().front().loss + 0.5) << "training continued from the checkpoint, not from scratch";
   (void)loss_before;
+}
+
+// A client away longer than session_ttl_seconds finds its session as it left it: once its stream
+// had closed, the server's watchdog moved the session to checkpoint_dir/sessions, and the Join of
+// its return loaded it back (step counter, LoRA).
+TEST_F(Network, AnEvictedSessionResumesWhenItsClientReturns) {
+  session_ttl_seconds_ = 0.2;
+  StartServer(testing::TempDir("evict"));
+  const Dataset data = testing::ParityDataset(48);
+  const client::ClientOptions options = ClientFor("client-1", "fp32", 4);
+  ServerAdapterInfo before;
+  {
+    client::GrpcTransport transport(ClientTransport(kToken1, port_));
+    client::SplitClient c(options, data, transport);
+    for (int64_t step = c.Join(); step < 2; ++step) c.TrainStep(step);
+    before = split_->AdapterOf("client-1");
+  }  // the client leaves: its stream closes
+  ASSERT_TRUE(testing::WaitFor([&] { return split_->sessions_in_memory() == 0; }, 30)) << "the idle session is evicted";
+  client::GrpcTransport transport(ClientTransport(kToken1, port_));
+  client::SplitClient back(options, data, transport);
+  EXPECT_EQ(back.Join(), 2) << "the server remembers the 2 applied steps";
+  EXPECT_EQ(split_->Stats().at("client-1").steps, 2);
+  const ServerAdapterInfo after = split_->AdapterOf("client-1");
+  for (const auto& [name, t] : before.tensors) EXPECT_EQ(after.tensors.at(name).values, t.values) << name;
+  EXPECT_EQ(back.TrainStep(2).step, 2);
+  EXPECT_EQ(split_->Stats().at("client-1").steps, 3) << "the step after the return is applied";
 }
 
 }  // namespace
