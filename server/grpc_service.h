@@ -76,6 +76,7 @@ class SplitTrainingService final : public amaq::v1::SplitTraining::CallbackServi
                                          amaq::v1::MetricAck* reply) override;
 
   StepWorker& worker() { return worker_; }
+  const StepWorker& worker() const { return worker_; }
   // Watches a client's stream; a stream of the same client watched before is superseded.
   void Watch(WatchedStream* stream, const std::string& client);
   void Unwatch(WatchedStream* stream);

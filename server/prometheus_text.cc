@@ -29,6 +29,14 @@ std::string PrometheusText(const SplitTrainingService& service) {
   out << "amaq_open_streams " << service.open_streams() << "\n";
   metric("amaq_checkpoint_failures_total", "counter", "Periodic checkpoints that failed (the previous one stays)");
   out << "amaq_checkpoint_failures_total " << service.server().checkpoint_failures() << "\n";
+  metric("amaq_batches_total", "counter", "Batches the compute stage ran (one or more clients' steps each)");
+  out << "amaq_batches_total " << service.worker().batches() << "\n";
+  metric("amaq_batched_steps_total", "counter", "Steps in those batches (divided by amaq_batches_total: steps per batch)");
+  out << "amaq_batched_steps_total " << service.worker().batched_steps() << "\n";
+  metric("amaq_sessions_in_memory", "gauge", "Client sessions held in memory");
+  out << "amaq_sessions_in_memory " << service.server().sessions_in_memory() << "\n";
+  metric("amaq_sessions_evicted_total", "counter", "Idle sessions moved to checkpoint_dir/sessions (session_ttl_seconds)");
+  out << "amaq_sessions_evicted_total " << service.server().sessions_evicted() << "\n";
   return out.str();
 }
 

@@ -226,10 +226,20 @@ void SplitServer::StepBatch(std::vector<BatchEntry>& batch) {
       e.error = std::current_exception();
     }
   }
-  if (!train.empty()) TrainBatch(train, started, /*replays=*/false);
+  // A failure of the shared compute (a LibTorch error, memory) fails the steps that were in it.
+  const auto train_batch = [&](std::vector<Admitted>& steps, bool are_replays) {
+    try {
+      TrainBatch(steps, started, are_replays);
+    } catch (...) {
+      for (Admitted& a : steps) {
+        if (!a.entry->error) a.entry->error = std::current_exception();
+      }
+    }
+  };
+  if (!train.empty()) train_batch(train, false);
   for (Admitted& replay : replays) {  // alone: their losses must not reach a shared LoRA's step
     std::vector<Admitted> one{std::move(replay)};
-    TrainBatch(one, started, /*replays=*/true);
+    train_batch(one, true);
   }
 }
 
@@ -697,6 +707,7 @@ int SplitServer::EvictIdle(const std::set<std::string>& connected) {
     archive.save_to(bytes);
     WriteFileAtomically(EvictedPath(id), bytes.str());
     sessions_.erase(id);
+    ++sessions_evicted_;
     spdlog::info("client {}: session evicted after {:g} s idle (kept in {})", id, options_.session_ttl_seconds, EvictedPath(id));
   }
   CheckpointLocked();  // without them: their files are the newer state

@@ -106,7 +106,7 @@ class SplitServer {
   // rounding of the larger products); with shared_lora, the batch is one optimizer step over the
   // sum of its clients' mean losses. Every step of a batch sees the state from before the batch.
   // An entry gets its result, or the error that refused it: a refused step leaves no trace, and
-  // the others proceed.
+  // the others proceed (a failure of the shared forward or backward fails the steps in it).
   struct BatchEntry {
     std::string client_id;
     const StepInput* input = nullptr;  // must stay alive during StepBatch
@@ -137,6 +137,7 @@ class SplitServer {
   // A failed write leaves the session in memory and throws amaq::Error.
   int EvictIdle(const std::set<std::string>& connected);
   size_t sessions_in_memory() const;
+  int64_t sessions_evicted() const { return sessions_evicted_; }
   std::map<std::string, ClientStats> Stats() const;
   // The curves of every client's run (run_history.h), for the live view.
   const RunHistory& history() const { return history_; }
@@ -197,6 +198,7 @@ class SplitServer {
   std::map<std::string, std::vector<int64_t>> client_lora_shapes_;  // what an upload must hold
   int64_t applied_since_checkpoint_ = 0;
   std::atomic<int64_t> checkpoint_failures_{0};
+  std::atomic<int64_t> sessions_evicted_{0};
   RunHistory history_;
   const Clock::time_point started_ = Clock::now();
   mutable std::mutex mutex_;  // one step at a time; guards sessions_

@@ -89,6 +89,8 @@ void StepWorker::Run() {
       for (const size_t i : picked) batch.push_back(std::move(queue_[i]));
       for (auto it = picked.rbegin(); it != picked.rend(); ++it) queue_.erase(queue_.begin() + static_cast<std::ptrdiff_t>(*it));
     }
+    ++batches_;
+    batched_steps_ += static_cast<int64_t>(batch.size());
     RunBatch(std::move(batch));
   }
 }

@@ -4,6 +4,7 @@
 // all of them) and tells each step's sink its outcome. Other transports plug in here too.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -62,6 +63,9 @@ class StepWorker {
   StepWorker& operator=(const StepWorker&) = delete;
 
   void Submit(QueuedStep step);
+  // Batches run so far, and the steps they held (their ratio: the mean steps per batch).
+  int64_t batches() const { return batches_; }
+  int64_t batched_steps() const { return batched_steps_; }
 
  private:
   void Run();
@@ -73,6 +77,7 @@ class StepWorker {
   std::condition_variable ready_;
   std::deque<QueuedStep> queue_;
   bool stopping_ = false;
+  std::atomic<int64_t> batches_{0}, batched_steps_{0};
   std::thread thread_;  // last: starts once the queue exists
 };
 

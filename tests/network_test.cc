@@ -20,6 +20,7 @@
 #include "common/net/netem_config.h"
 #include "common/net/tcp_relay.h"
 #include "server/grpc_service.h"
+#include "server/prometheus_text.h"
 #include "server/server_config.h"
 #include "network_fixture.h"
 #include "process.h"
@@ -37,6 +38,12 @@ double MeanLoss(const std::vector<client::StepRecord>& r, size_t begin, size_t n
   double s = 0;
   for (size_t i = begin; i < begin + n; ++i) s += r[i].loss;
   return s / static_cast<double>(n);
+}
+
+// The value of an unlabelled metric in Prometheus text (NaN when absent).
+double MetricValue(const std::string& text, const std::string& name) {
+  const size_t at = text.find("\n" + name + " ");
+  return at == std::string::npos ? std::nan("") : std::stod(text.substr(at + name.size() + 2));
 }
 
 TEST_F(Network, TwoClientsOverTlsTrainAndCountTheSocketsBytes) {
@@ -82,6 +89,13 @@ TEST_F(Network, TwoClientsOverTlsTrainAndCountTheSocketsBytes) {
   const auto stats = split_->Stats();
   EXPECT_EQ(stats.at("client-1").steps, 20);
   EXPECT_EQ(stats.at("client-2").steps, 20);
+  // /metrics counts the compute stage's batches (steps of both clients meet in some of them).
+  const std::string metrics = server::PrometheusText(*service_);
+  const double batches = MetricValue(metrics, "amaq_batches_total"), steps = MetricValue(metrics, "amaq_batched_steps_total");
+  EXPECT_GE(steps, 40) << "every training step (and the evaluations) went through a batch";
+  EXPECT_GE(batches, steps / 2) << "at most one step of each of the two clients per batch";
+  EXPECT_LE(batches, steps);
+  EXPECT_EQ(MetricValue(metrics, "amaq_sessions_in_memory"), 2);
 }
 
 TEST_F(Network, Fp32OverTheNetworkFollowsLocalTraining) {
@@ -348,6 +362,9 @@ TEST_F(Network, AnEvictedSessionResumesWhenItsClientReturns) {
     before = split_->AdapterOf("client-1");
   }  // the client leaves: its stream closes
   ASSERT_TRUE(testing::WaitFor([&] { return split_->sessions_in_memory() == 0; }, 30)) << "the idle session is evicted";
+  const std::string metrics = server::PrometheusText(*service_);
+  EXPECT_EQ(MetricValue(metrics, "amaq_sessions_evicted_total"), 1);
+  EXPECT_EQ(MetricValue(metrics, "amaq_sessions_in_memory"), 0);
   client::GrpcTransport transport(ClientTransport(kToken1, port_));
   client::SplitClient back(options, data, transport);
   EXPECT_EQ(back.Join(), 2) << "the server remembers the 2 applied steps";
