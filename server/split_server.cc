@@ -77,16 +77,16 @@ SplitServer::SplitServer(ServerOptions options) : options_(std::move(options)) {
   LoadPartWeights(part_, options_.model_dir);
   part_->AddLora(options_.lora, options_.seed);
   part_->to(device_);
-  const std::vector<torch::Tensor> lora_params = part_->TrainableParameters();
-  for (const auto& p : lora_params) {
-    for (const auto& [name, tensor] : part_->LoraParameters()) {
+  const NamedTensors named_lora = part_->LoraParameters();
+  for (const auto& p : part_->TrainableParameters()) {
+    for (const auto& [name, tensor] : named_lora) {
       if (tensor.is_same(p)) lora_names_.push_back(name);
     }
     initial_lora_.push_back(p.detach().clone());
   }
   // The client's layers [0, cut) carry the same LoRA tensors as the server's first layer.
   const std::string first = "model.layers." + std::to_string(options_.cut_layer) + ".";
-  for (const auto& [name, tensor] : part_->LoraParameters()) {
+  for (const auto& [name, tensor] : named_lora) {
     if (name.rfind(first, 0) != 0) continue;
     for (int64_t layer = 0; layer < options_.cut_layer; ++layer) {
       client_lora_shapes_["model.layers." + std::to_string(layer) + "." + name.substr(first.size())] = tensor.sizes().vec();
@@ -380,12 +380,15 @@ void SplitServer::TrainBatch(std::vector<Admitted>& steps, Clock::time_point sta
   const torch::Tensor head_input = hidden.detach().requires_grad_(true);
   const torch::Tensor all_labels = torch::cat(labels).to(device_);
   for (const Admitted& a : steps) LoraOf(*a.session).optimizer->zero_grad();
+  // Step i's rows of a batch tensor, without the padding.
+  const auto rows = [&](const torch::Tensor& t, size_t i) {
+    return t.slice(0, row_starts[i], row_starts[i + 1]).slice(1, 0, steps[i].entry->input->tokens);
+  };
   std::vector<LoraState*> trained;  // each LoRA with a step of finite loss, once, in the order of the steps
   std::vector<bool> finite(steps.size(), false);
   for (size_t i = 0; i < steps.size(); ++i) {
     const StepInput& in = *steps[i].entry->input;
-    const auto rows = [&](const torch::Tensor& t) { return t.slice(0, row_starts[i], row_starts[i + 1]).slice(1, 0, in.tokens); };
-    const torch::Tensor loss = NextTokenLoss(part_->Head(rows(head_input)), rows(all_labels));
+    const torch::Tensor loss = NextTokenLoss(part_->Head(rows(head_input, i)), rows(all_labels, i));
     StepResult& result = steps[i].entry->result;
     result.step_id = in.step_id;
     result.duplicate = replays;
@@ -409,12 +412,7 @@ void SplitServer::TrainBatch(std::vector<Admitted>& steps, Clock::time_point sta
     if (!finite[i]) continue;
     const StepInput& in = *steps[i].entry->input;
     Session& s = *steps[i].session;
-    gradients[i] = x.grad()
-                       .slice(0, row_starts[i], row_starts[i + 1])
-                       .slice(1, 0, in.tokens)
-                       .reshape({in.batch * in.tokens, config_.hidden_size})
-                       .to(torch::kCPU, torch::kFloat)
-                       .contiguous();
+    gradients[i] = rows(x.grad(), i).reshape({in.batch * in.tokens, config_.hidden_size}).to(torch::kCPU, torch::kFloat).contiguous();
     StepResult& result = steps[i].entry->result;
     result.gradient = s.codec->EncodeGradient(gradients[i].data_ptr<float>(), gradients[i].size(0), gradients[i].size(1)).bytes;
     result.server_seconds = seconds;

@@ -45,25 +45,19 @@ void StepWorker::Submit(QueuedStep step) {
   ready_.notify_one();
 }
 
-namespace {
-
-int64_t Rows(const QueuedStep& step) { return step.input.batch; }
-
-}  // namespace
-
 std::vector<size_t> PickBatch(const std::deque<QueuedStep>& queue, int64_t max_tokens) {
   if (queue.empty()) return {};
   std::vector<size_t> picked{0};
   if (queue[0].input.kind != StepKind::kTrain) return picked;
   std::set<std::string> clients{queue[0].client_id};
-  int64_t rows = Rows(queue[0]), tokens = queue[0].input.tokens;
+  int64_t rows = queue[0].input.batch, tokens = queue[0].input.tokens;
   for (size_t i = 1; i < queue.size(); ++i) {
     const QueuedStep& step = queue[i];
     if (!clients.insert(step.client_id).second || step.input.kind != StepKind::kTrain) continue;
     const int64_t longest = std::max(tokens, step.input.tokens);
-    if ((rows + Rows(step)) * longest > max_tokens) continue;
+    if ((rows + step.input.batch) * longest > max_tokens) continue;
     picked.push_back(i);
-    rows += Rows(step);
+    rows += step.input.batch;
     tokens = longest;
   }
   return picked;
