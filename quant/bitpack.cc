@@ -38,6 +38,20 @@ void RowLayout::BuildSimdTables() {
   for (int64_t c = 0; c < blocked; c += 8) {
     group_shift_.push_back(static_cast<uint64_t>(w(c) + w(c + 1) + w(c + 2) + w(c + 3)));
   }
+  const bool whole_bytes = std::all_of(groups_.begin(), groups_.begin() + blocked / kGroup,
+                                      [](const Group& g) { return g.width % 8 == 0; });
+  for (int64_t b = 0; whole_bytes && b < blocked / kBlock; ++b) {
+    size_t t = 0;
+    for (int k = 0; k < kGroup; ++k) {
+      for (int j = 0; j < groups_[static_cast<size_t>(b * kGroup + k)].width / 8; ++j) {
+        block_gather_.push_back(static_cast<uint8_t>(8 * k + j));
+        ++t;
+      }
+    }
+    block_gather_.resize(block_gather_.size() + 64 - t, 0);
+    block_bytes_.push_back(static_cast<uint8_t>(t));
+    blocked_bytes_ += t;
+  }
   uint32_t bit = 0;
   for (int64_t c0 = 0; c0 + kChunk <= cols_; c0 += kChunk) {
     chunk_start_.push_back(bit);
@@ -70,6 +84,15 @@ void RowLayout::Pack(const uint8_t* codes, BitWriter& writer) const {
     constexpr int64_t kBatch = 8;  // blocks joined per call: 64 words on the stack
     uint64_t words[kBatch * kGroup];
     const int64_t blocks = cols_ / kBlock;
+    if (!block_bytes_.empty() && writer.ByteAligned()) {
+      size_t room = 0;
+      uint8_t* at = writer.Skip(blocked_bytes_, &room);
+      avx512::PackByteAlignedBlocks(codes, blocks, pair_shift_.data(), quad_shift_.data(),
+                                    group_shift_.data(), block_gather_.data(), block_bytes_.data(),
+                                    at, room);
+      PackGroups(codes, blocks * kGroup, writer);
+      return;
+    }
     for (int64_t b0 = 0; b0 < blocks; b0 += kBatch) {
       const int64_t n = std::min(kBatch, blocks - b0);
       avx512::JoinGroups(codes + kBlock * b0, n, pair_shift_.data() + 32 * b0,

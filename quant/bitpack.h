@@ -41,6 +41,23 @@ class BitWriter {
     fill_ &= 63;
   }
 
+  // True when the bits written so far fill whole bytes.
+  bool ByteAligned() const { return fill_ % 8 == 0; }
+
+  // For a byte-aligned stream: returns where its next n bytes go, for the caller to write, and
+  // moves past them; *room is the number of bytes from there to the end of the output.
+  uint8_t* Skip(size_t n, size_t* room) {
+    for (; fill_ > 0; fill_ -= 8) {
+      *out_++ = static_cast<uint8_t>(acc_);
+      acc_ >>= 8;
+    }
+    acc_ = 0;
+    uint8_t* at = out_;
+    *room = static_cast<size_t>(end_ - out_);
+    out_ += n;
+    return at;
+  }
+
   // Writes the bits still held (zero-filling the last byte); returns one past the last byte.
   uint8_t* Finish() {
     for (; fill_ > 0; fill_ = fill_ > 8 ? fill_ - 8 : 0) {
@@ -106,7 +123,9 @@ class BitReader {
 // codes at a time: a group's codes are joined into one word of up to 64 bits and written with a
 // single BitWriter::Put, which gives the same stream as eight separate Puts at a fraction of the
 // cost. Under Isa::kAvx512 the joining runs 64 codes at a time and the unpacking 32 codes at a
-// time (quant/kernels_avx512.h); both paths give the same bytes and codes.
+// time (quant/kernels_avx512.h); where every group is whole bytes (uniform widths, for one) and
+// the row starts on a byte, the joined words are laid out by a byte permutation instead of the
+// bit writer. All paths give the same bytes and codes.
 class RowLayout {
  public:
   // Columns take widths[c] bits (per-channel tables) or `uniform` bits each (widths == nullptr).
@@ -143,6 +162,11 @@ class RowLayout {
   std::vector<uint16_t> pair_shift_;
   std::vector<uint32_t> quad_shift_;
   std::vector<uint64_t> group_shift_;
+  // Where every group of the blocks is whole bytes: per block, the byte of its words that becomes
+  // each of its output bytes (64 entries) and its byte count; empty otherwise.
+  std::vector<uint8_t> block_gather_;
+  std::vector<uint8_t> block_bytes_;
+  size_t blocked_bytes_ = 0;
   // AVX-512 extraction, per chunk of 32 codes: its first bit in the row (one more entry: where the
   // codes after the last whole chunk start), and each code's bit offset in it and mask.
   std::vector<uint32_t> chunk_start_;

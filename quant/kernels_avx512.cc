@@ -76,7 +76,7 @@ AMAQ_AVX512 void Quantize(const float* x, int64_t n, const Scales& s, uint8_t* c
   int64_t i = 0;
   for (; i + 64 <= n; i += 64) {
     for (int k = 0; k < 64; k += 16) {
-      _mm_prefetch(reinterpret_cast<const char*>(x + i + k + kPrefetchAhead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(x + i + k + n), _MM_HINT_T1);
     }
     const __m512i q01 = _mm512_packus_epi32(CodesAt(x, s, i), CodesAt(x, s, i + 16));
     const __m512i q23 = _mm512_packus_epi32(CodesAt(x, s, i + 32), CodesAt(x, s, i + 48));
@@ -201,24 +201,55 @@ AMAQ_AVX512 void RangeOfColumns(const float* x, int64_t rows, int64_t cols, floa
   if (!finite) *bad += std::numeric_limits<float>::quiet_NaN();
 }
 
+namespace {
+
 // Three rounds of joining neighbours: pairs of codes into 16-bit lanes, pairs of pairs into
 // 32-bit lanes, pairs of quads into the group's 64-bit word; each round shifts the upper half by
 // the width of the lower half.
+AMAQ_AVX512 inline __m512i JoinBlock(const uint8_t* codes, const uint16_t* pair_shift,
+                                     const uint32_t* quad_shift, const uint64_t* group_shift) {
+  const __m512i v = _mm512_loadu_si512(codes);
+  const __m512i pairs = _mm512_or_si512(
+      _mm512_and_si512(v, _mm512_set1_epi16(0xFF)),
+      _mm512_sllv_epi16(_mm512_srli_epi16(v, 8), _mm512_loadu_si512(pair_shift)));
+  const __m512i quads = _mm512_or_si512(
+      _mm512_and_si512(pairs, _mm512_set1_epi32(0xFFFF)),
+      _mm512_sllv_epi32(_mm512_srli_epi32(pairs, 16), _mm512_loadu_si512(quad_shift)));
+  return _mm512_or_si512(
+      _mm512_and_si512(quads, _mm512_set1_epi64(0xFFFFFFFF)),
+      _mm512_sllv_epi64(_mm512_srli_epi64(quads, 32), _mm512_loadu_si512(group_shift)));
+}
+
+}  // namespace
+
 AMAQ_AVX512 void JoinGroups(const uint8_t* codes, int64_t blocks, const uint16_t* pair_shift,
                             const uint32_t* quad_shift, const uint64_t* group_shift,
                             uint64_t* words) {
   for (int64_t b = 0; b < blocks; ++b) {
-    const __m512i v = _mm512_loadu_si512(codes + 64 * b);
-    const __m512i pairs = _mm512_or_si512(
-        _mm512_and_si512(v, _mm512_set1_epi16(0xFF)),
-        _mm512_sllv_epi16(_mm512_srli_epi16(v, 8), _mm512_loadu_si512(pair_shift + 32 * b)));
-    const __m512i quads = _mm512_or_si512(
-        _mm512_and_si512(pairs, _mm512_set1_epi32(0xFFFF)),
-        _mm512_sllv_epi32(_mm512_srli_epi32(pairs, 16), _mm512_loadu_si512(quad_shift + 16 * b)));
-    const __m512i groups = _mm512_or_si512(
-        _mm512_and_si512(quads, _mm512_set1_epi64(0xFFFFFFFF)),
-        _mm512_sllv_epi64(_mm512_srli_epi64(quads, 32), _mm512_loadu_si512(group_shift + 8 * b)));
-    _mm512_storeu_si512(words + 8 * b, groups);
+    _mm512_storeu_si512(words + 8 * b, JoinBlock(codes + 64 * b, pair_shift + 32 * b,
+                                                 quad_shift + 16 * b, group_shift + 8 * b));
+  }
+}
+
+// Each group word holds whole bytes, so a byte permutation lays a block's words end to end.
+// Stores run a full 64 bytes while they stay inside the output (later blocks overwrite the excess)
+// and are masked to the block's bytes after that.
+AMAQ_AVX512 void PackByteAlignedBlocks(const uint8_t* codes, int64_t blocks,
+                                       const uint16_t* pair_shift, const uint32_t* quad_shift,
+                                       const uint64_t* group_shift, const uint8_t* gather,
+                                       const uint8_t* block_bytes, uint8_t* out, size_t size) {
+  size_t at = 0;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const __m512i words = JoinBlock(codes + 64 * b, pair_shift + 32 * b, quad_shift + 16 * b,
+                                    group_shift + 8 * b);
+    const __m512i bytes = _mm512_permutexvar_epi8(_mm512_loadu_si512(gather + 64 * b), words);
+    const unsigned n = block_bytes[b];
+    if (at + 64 <= size) {
+      _mm512_storeu_si512(out + at, bytes);
+    } else {
+      _mm512_mask_storeu_epi8(out + at, n == 64 ? ~__mmask64{0} : (__mmask64{1} << n) - 1, bytes);
+    }
+    at += n;
   }
 }
 
@@ -303,6 +334,7 @@ void DequantizeRun(const uint8_t*, int64_t, float, float, float*) { std::abort()
 void RangeOfRun(const float*, int64_t, float*, float*, float*) { std::abort(); }
 void RangeOfColumns(const float*, int64_t, int64_t, float*, float*, float*) { std::abort(); }
 void JoinGroups(const uint8_t*, int64_t, const uint16_t*, const uint32_t*, const uint64_t*, uint64_t*) { std::abort(); }
+void PackByteAlignedBlocks(const uint8_t*, int64_t, const uint16_t*, const uint32_t*, const uint64_t*, const uint8_t*, const uint8_t*, uint8_t*, size_t) { std::abort(); }
 void ExtractChunks(const uint8_t*, size_t, uint64_t, int64_t, const uint32_t*, const uint16_t*, const uint16_t*, uint8_t*) { std::abort(); }
 int64_t NarrowFloats(const float*, int64_t, bool, uint8_t*, float*) { std::abort(); }
 void WidenFloats(const uint8_t*, int64_t, bool, float*) { std::abort(); }

@@ -33,6 +33,14 @@ void RangeOfColumns(const float* x, int64_t rows, int64_t cols, float* lo, float
 void JoinGroups(const uint8_t* codes, int64_t blocks, const uint16_t* pair_shift,
                 const uint32_t* quad_shift, const uint64_t* group_shift, uint64_t* words);
 
+// JoinGroups for blocks whose every group word is whole bytes (8 * block_bytes[b] bits in all):
+// writes the blocks' bytes end to end into out, gather[64 * b + t] being the byte of the block's
+// words that becomes its byte t. Writes no byte at or past out + size (size >= the blocks' bytes).
+void PackByteAlignedBlocks(const uint8_t* codes, int64_t blocks, const uint16_t* pair_shift,
+                           const uint32_t* quad_shift, const uint64_t* group_shift,
+                           const uint8_t* gather, const uint8_t* block_bytes, uint8_t* out,
+                           size_t size);
+
 // Extracts `chunks` chunks of 32 codes from the bit stream [packed, packed + size), the row
 // starting at bit `row_bit`: chunk k starts chunk_start[k] bits into the row, and its code j
 // `offset[32 * k + j]` bits into the chunk with `mask[32 * k + j]` = 2^width - 1. Reads no byte
