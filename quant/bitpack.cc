@@ -38,6 +38,10 @@ void RowLayout::BuildSimdTables() {
   for (int64_t c = 0; c < blocked; c += 8) {
     group_shift_.push_back(static_cast<uint64_t>(w(c) + w(c + 1) + w(c + 2) + w(c + 3)));
   }
+  for (int64_t k = 0; k < blocked / kGroup; ++k) {
+    group_bit_.push_back(blocked_bits_);
+    blocked_bits_ += groups_[static_cast<size_t>(k)].width;
+  }
   const bool whole_bytes = std::all_of(groups_.begin(), groups_.begin() + blocked / kGroup,
                                       [](const Group& g) { return g.width % 8 == 0; });
   for (int64_t b = 0; whole_bytes && b < blocked / kBlock; ++b) {
@@ -81,8 +85,6 @@ void RowLayout::PackGroups(const uint8_t* codes, int64_t first, BitWriter& write
 void RowLayout::Pack(const uint8_t* codes, BitWriter& writer) const {
   int64_t groups_done = 0;
   if (ActiveIsa() == Isa::kAvx512 && !group_shift_.empty()) {
-    constexpr int64_t kBatch = 8;  // blocks joined per call: 64 words on the stack
-    uint64_t words[kBatch * kGroup];
     const int64_t blocks = cols_ / kBlock;
     if (!block_bytes_.empty() && writer.ByteAligned()) {
       size_t room = 0;
@@ -90,16 +92,11 @@ void RowLayout::Pack(const uint8_t* codes, BitWriter& writer) const {
       avx512::PackByteAlignedBlocks(codes, blocks, pair_shift_.data(), quad_shift_.data(),
                                     group_shift_.data(), block_gather_.data(), block_bytes_.data(),
                                     at, room);
-      PackGroups(codes, blocks * kGroup, writer);
-      return;
-    }
-    for (int64_t b0 = 0; b0 < blocks; b0 += kBatch) {
-      const int64_t n = std::min(kBatch, blocks - b0);
-      avx512::JoinGroups(codes + kBlock * b0, n, pair_shift_.data() + 32 * b0,
-                         quad_shift_.data() + 16 * b0, group_shift_.data() + 8 * b0, words);
-      for (int64_t k = 0; k < n * kGroup; ++k) {
-        writer.Put(words[k], groups_[static_cast<size_t>(b0 * kGroup + k)].width);
-      }
+    } else {
+      const avx512::BitCursor end = avx512::DepositBlocks(
+          codes, blocks, pair_shift_.data(), quad_shift_.data(), group_shift_.data(),
+          group_bit_.data(), blocked_bits_, writer.word(), writer.room(), writer.fill(), writer.bits());
+      writer.Advance(end.word, end.fill, end.bits);
     }
     groups_done = blocks * kGroup;
   }

@@ -58,6 +58,20 @@ class BitWriter {
     return at;
   }
 
+  // The word being filled (stored from here), the bits written into it and those bits, and the
+  // bytes from here to the end of the output: for a kernel that writes the stream on from here
+  // and then Advances the writer past what it wrote (`words` whole words, `fill` bits of the next
+  // one, holding `bits`).
+  uint8_t* word() const { return out_; }
+  int fill() const { return fill_; }
+  uint64_t bits() const { return acc_; }
+  size_t room() const { return static_cast<size_t>(end_ - out_); }
+  void Advance(uint64_t words, int fill, uint64_t bits) {
+    out_ += 8 * words;
+    fill_ = fill;
+    acc_ = bits;
+  }
+
   // Writes the bits still held (zero-filling the last byte); returns one past the last byte.
   uint8_t* Finish() {
     for (; fill_ > 0; fill_ = fill_ > 8 ? fill_ - 8 : 0) {
@@ -122,8 +136,8 @@ class BitReader {
 // The widths of one row's columns and the tables that pack and unpack them. A row is packed eight
 // codes at a time: a group's codes are joined into one word of up to 64 bits and written with a
 // single BitWriter::Put, which gives the same stream as eight separate Puts at a fraction of the
-// cost. Under Isa::kAvx512 the joining runs 64 codes at a time and the unpacking 32 codes at a
-// time (quant/kernels_avx512.h); where every group is whole bytes (uniform widths, for one) and
+// cost. Under Isa::kAvx512 the joining and the placing of the joined words in the stream run 64
+// codes at a time and the unpacking 32 codes at a time (quant/kernels_avx512.h); where every group is whole bytes (uniform widths, for one) and
 // the row starts on a byte, the joined words are laid out by a byte permutation instead of the
 // bit writer. All paths give the same bytes and codes.
 class RowLayout {
@@ -162,6 +176,9 @@ class RowLayout {
   std::vector<uint16_t> pair_shift_;
   std::vector<uint32_t> quad_shift_;
   std::vector<uint64_t> group_shift_;
+  // AVX-512 deposit: each blocked group's first bit in the row, and the blocks' bits in all.
+  std::vector<uint64_t> group_bit_;
+  uint64_t blocked_bits_ = 0;
   // Where every group of the blocks is whole bytes: per block, the byte of its words that becomes
   // each of its output bytes (64 entries) and its byte count; empty otherwise.
   std::vector<uint8_t> block_gather_;

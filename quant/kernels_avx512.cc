@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #define AMAQ_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi")))
@@ -23,7 +24,7 @@ namespace {
 // wait on DRAM at well under its bandwidth). The range pass reads four rows at once, so each of
 // its streams looks less far ahead.
 constexpr int64_t kPrefetchAhead = 1024;
-constexpr int64_t kRangePrefetchAhead = 512;
+constexpr int64_t kRangePrefetchAhead = 2048;
 
 AMAQ_AVX512 inline __mmask16 FirstLanes(int64_t n) {
   return static_cast<__mmask16>((1u << n) - 1u);
@@ -179,8 +180,8 @@ AMAQ_AVX512 void RangeOfColumns(const float* x, int64_t rows, int64_t cols, floa
   std::copy(x, x + cols, lo);
   std::copy(x, x + cols, hi);
   __mmask16 nan = 0;
-  for (int64_t r0 = 0; r0 < rows; r0 += 4) {
-    const int64_t r_end = std::min(rows, r0 + 4);
+  for (int64_t r0 = 0; r0 < rows; r0 += 8) {
+    const int64_t r_end = std::min(rows, r0 + 8);
     for (int64_t c = 0; c < cols; c += 16) {
       const __mmask16 m = cols - c >= 16 ? kAllLanes : FirstLanes(cols - c);
       __m512 l = _mm512_maskz_loadu_ps(m, lo + c);
@@ -220,15 +221,63 @@ AMAQ_AVX512 inline __m512i JoinBlock(const uint8_t* codes, const uint16_t* pair_
       _mm512_sllv_epi64(_mm512_srli_epi64(quads, 32), _mm512_loadu_si512(group_shift)));
 }
 
+// One round of a segmented OR: lane k takes in lane k - d's bits when both go to the same word.
+template <int d>
+AMAQ_AVX512 inline __m512i MergeWithEarlier(__m512i q, __m512i bits) {
+  const __m512i q_before = _mm512_alignr_epi64(q, _mm512_set1_epi64(-1), 8 - d);
+  const __m512i bits_before = _mm512_alignr_epi64(bits, _mm512_setzero_si512(), 8 - d);
+  return _mm512_mask_or_epi64(bits, _mm512_cmpeq_epi64_mask(q, q_before), bits, bits_before);
+}
+
 }  // namespace
 
-AMAQ_AVX512 void JoinGroups(const uint8_t* codes, int64_t blocks, const uint16_t* pair_shift,
-                            const uint32_t* quad_shift, const uint64_t* group_shift,
-                            uint64_t* words) {
+// Each block's eight group words go to their bits in the stream at once: group k starts at bit
+// t_k = fill + group_bit[k] from `word`, so in word q_k = t_k / 64 at shift t_k % 64 (its bits
+// beyond that word spill into q_k + 1). q_k rises by at most one from group to group (a group has
+// at most 64 bits), so the groups of one word are neighbours: a segmented OR (three rounds of
+// neighbour merges) gathers each word's bits in its last group's lane, and a compression lays the
+// words out in order. The word the previous block ended in, and its spill, join the first lane.
+AMAQ_AVX512 BitCursor DepositBlocks(const uint8_t* codes, int64_t blocks, const uint16_t* pair_shift,
+                                    const uint32_t* quad_shift, const uint64_t* group_shift,
+                                    const uint64_t* group_bit, uint64_t end_bit, uint8_t* word,
+                                    size_t size, int fill_bits, uint64_t bits) {
+  const __m512i none = _mm512_set1_epi64(-1);  // a word index no group has
+  const __m512i fill = _mm512_set1_epi64(fill_bits);
+  uint64_t last_q = 0, last = bits, spill = 0;  // the last word written, its bits, the next one's
   for (int64_t b = 0; b < blocks; ++b) {
-    _mm512_storeu_si512(words + 8 * b, JoinBlock(codes + 64 * b, pair_shift + 32 * b,
-                                                 quad_shift + 16 * b, group_shift + 8 * b));
+    const __m512i groups = JoinBlock(codes + 64 * b, pair_shift + 32 * b, quad_shift + 16 * b,
+                                     group_shift + 8 * b);
+    const __m512i t = _mm512_add_epi64(fill, _mm512_loadu_si512(group_bit + 8 * b));
+    const __m512i q = _mm512_srli_epi64(t, 6);
+    const __m512i shift = _mm512_and_si512(t, _mm512_set1_epi64(63));
+    __m512i low = _mm512_sllv_epi64(groups, shift);
+    const __m512i high = _mm512_srlv_epi64(groups, _mm512_sub_epi64(_mm512_set1_epi64(64), shift));
+    low = MergeWithEarlier<1>(q, low);
+    low = MergeWithEarlier<2>(q, low);
+    low = MergeWithEarlier<4>(q, low);
+    const __mmask8 ends = _mm512_cmpneq_epi64_mask(q, _mm512_alignr_epi64(none, q, 1));
+    const int n = __builtin_popcount(ends);
+    const uint64_t q0 = (static_cast<uint64_t>(fill_bits) + group_bit[8 * b]) >> 6;
+    const uint64_t carry = q0 == last_q ? last : spill;
+    const __m512i spills = _mm512_maskz_compress_epi64(ends, high);
+    // lane j: the bits of word q0 + j; lane n: the last group's spill into word q0 + n
+    const __m512i out = _mm512_or_si512(_mm512_maskz_compress_epi64(ends, low),
+                                        _mm512_alignr_epi64(spills, _mm512_set1_epi64(static_cast<int64_t>(carry)), 7));
+    const __m512i lane = _mm512_set1_epi64(n - 1);
+    last_q = q0 + static_cast<uint64_t>(n) - 1;
+    last = static_cast<uint64_t>(_mm_cvtsi128_si64(_mm512_castsi512_si128(_mm512_permutexvar_epi64(lane, out))));
+    spill = static_cast<uint64_t>(_mm_cvtsi128_si64(_mm512_castsi512_si128(_mm512_permutexvar_epi64(lane, spills))));
+    // Lanes past n (and a spill past lane 7) are written by the next block or the bit writer.
+    const size_t first_byte = 8 * q0;
+    const size_t room = size - first_byte;
+    if (room >= 64) {
+      _mm512_storeu_si512(word + first_byte, out);
+    } else {
+      _mm512_mask_storeu_epi8(word + first_byte, (__mmask64{1} << room) - 1, out);
+    }
   }
+  const uint64_t end = static_cast<uint64_t>(fill_bits) + end_bit;
+  return BitCursor{end >> 6, static_cast<int>(end & 63), (end >> 6) == last_q ? last : spill};
 }
 
 // Each group word holds whole bytes, so a byte permutation lays a block's words end to end.
@@ -333,7 +382,7 @@ void QuantizeRun(const float*, int64_t, float, float, float, uint8_t*) { std::ab
 void DequantizeRun(const uint8_t*, int64_t, float, float, float*) { std::abort(); }
 void RangeOfRun(const float*, int64_t, float*, float*, float*) { std::abort(); }
 void RangeOfColumns(const float*, int64_t, int64_t, float*, float*, float*) { std::abort(); }
-void JoinGroups(const uint8_t*, int64_t, const uint16_t*, const uint32_t*, const uint64_t*, uint64_t*) { std::abort(); }
+BitCursor DepositBlocks(const uint8_t*, int64_t, const uint16_t*, const uint32_t*, const uint64_t*, const uint64_t*, uint64_t, uint8_t*, size_t, int, uint64_t) { std::abort(); }
 void PackByteAlignedBlocks(const uint8_t*, int64_t, const uint16_t*, const uint32_t*, const uint64_t*, const uint8_t*, const uint8_t*, uint8_t*, size_t) { std::abort(); }
 void ExtractChunks(const uint8_t*, size_t, uint64_t, int64_t, const uint32_t*, const uint16_t*, const uint16_t*, uint8_t*) { std::abort(); }
 int64_t NarrowFloats(const float*, int64_t, bool, uint8_t*, float*) { std::abort(); }

@@ -26,14 +26,27 @@ void RangeOfRun(const float* x, int64_t n, float* lo, float* hi, float* bad);
 // not finite, 0 otherwise.
 void RangeOfColumns(const float* x, int64_t rows, int64_t cols, float* lo, float* hi, float* bad);
 
-// Joins each group of eight codes into one word (code j shifted by the widths of codes 0..j-1),
-// for `blocks` blocks of 64 codes: words[8 * b + k] is group k of block b. The shift tables hold,
-// per block, the width of the first code of each pair (32 entries), of the first pair of each
-// quad (16) and of the first quad of each group (8).
-void JoinGroups(const uint8_t* codes, int64_t blocks, const uint16_t* pair_shift,
-                const uint32_t* quad_shift, const uint64_t* group_shift, uint64_t* words);
+// Where DepositBlocks leaves a bit stream: `word` 8-byte words after the one it started in, `fill`
+// bits into that word, which hold `bits`.
+struct BitCursor {
+  uint64_t word;
+  int fill;
+  uint64_t bits;
+};
 
-// JoinGroups for blocks whose every group word is whole bytes (8 * block_bytes[b] bits in all):
+// Packs `blocks` blocks of 64 codes into a bit stream whose word being filled starts at `word`
+// (size bytes from there to the stream's end; fill_bits of it written, holding `bits`). Each group
+// of eight codes is joined into one word (code j shifted by the widths of codes 0..j-1; the shift
+// tables hold, per block, the width of the first code of each pair (32 entries), of the first
+// pair of each quad (16) and of the first quad of each group (8)) and goes group_bit[8b + k] bits
+// after the fill; the blocks end end_bit bits after it. The words before the returned cursor's
+// are written; its own bits are in the cursor. Writes no byte at or past the stream's end.
+BitCursor DepositBlocks(const uint8_t* codes, int64_t blocks, const uint16_t* pair_shift,
+                        const uint32_t* quad_shift, const uint64_t* group_shift,
+                        const uint64_t* group_bit, uint64_t end_bit, uint8_t* word, size_t size,
+                        int fill_bits, uint64_t bits);
+
+// The blocks of DepositBlocks when every group word is whole bytes (8 * block_bytes[b] bits in all):
 // writes the blocks' bytes end to end into out, gather[64 * b + t] being the byte of the block's
 // words that becomes its byte t. Writes no byte at or past out + size (size >= the blocks' bytes).
 void PackByteAlignedBlocks(const uint8_t* codes, int64_t blocks, const uint16_t* pair_shift,

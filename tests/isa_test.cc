@@ -188,6 +188,43 @@ TEST_F(IsaTest, UnpackCodesAgreesOnRowsThatStartMidByte) {
   }
 }
 
+TEST_F(IsaTest, PackCodesAgreesOnLayoutsThatReachEachPackingKernel) {
+  // Per-channel widths whose groups of eight are whole bytes (laid out by a byte permutation while
+  // rows start on a byte); seven narrow codes and then only 8-bit ones (each later 64-code block
+  // then ends eight stream words, and its last group spills into a ninth); and random widths. Rows of
+  // odd widths start mid-byte and mid-word; the tails are shorter than a block.
+  std::mt19937 rng(13);
+  const uint8_t whole_bytes[8] = {3, 5, 4, 4, 2, 6, 7, 1};
+  for (int64_t cols : {64, 128, 200, 517}) {
+    std::vector<std::vector<uint8_t>> tables(3, std::vector<uint8_t>(static_cast<size_t>(cols)));
+    for (int64_t c = 0; c < cols; ++c) {
+      tables[0][static_cast<size_t>(c)] = whole_bytes[c % 8];
+      tables[1][static_cast<size_t>(c)] = c < 7 ? 3 : 8;
+      tables[2][static_cast<size_t>(c)] = static_cast<uint8_t>(1 + rng() % 8);
+    }
+    tables[0].back() = 5;  // an odd row width when cols % 8 == 1..7 leaves a partial group
+    for (const auto& widths : tables) {
+      const BitsTable bits = BitsTable::PerChannel(widths);
+      for (int64_t rows : {1, 3, 8}) {
+        std::vector<uint8_t> codes(static_cast<size_t>(rows * cols));
+        for (int64_t i = 0; i < rows * cols; ++i) {
+          codes[static_cast<size_t>(i)] = static_cast<uint8_t>(rng() & ((1u << widths[static_cast<size_t>(i % cols)]) - 1u));
+        }
+        const auto pack = [&] {
+          std::vector<uint8_t> packed(bits.PackedBytes(rows, cols));
+          PackCodes(codes.data(), rows, cols, bits, packed.data());
+          return packed;
+        };
+        const std::vector<uint8_t> portable = Under(Isa::kPortable, pack);
+        ASSERT_EQ(Under(Isa::kAvx512, pack), portable) << rows << " x " << cols << ", widths from " << int(widths[0]);
+        std::vector<uint8_t> back(codes.size());
+        UnpackCodes(portable.data(), portable.size(), rows, cols, bits, back.data());
+        ASSERT_EQ(back, codes);
+      }
+    }
+  }
+}
+
 TEST(Isa, SettingAnIsaTheCpuLacksIsRefused) {
   EXPECT_TRUE(CpuSupports(Isa::kPortable));
   if (CpuSupports(Isa::kAvx512)) {
