@@ -74,7 +74,9 @@ void UpdateRowLayout(const BitsTable& bits, int64_t r, int64_t cols, RowLayout* 
 void QuantizeAndPack(const float* x, int64_t rows, int64_t cols, const GridSpec& spec,
                      const BitsTable& bits, const ScaleGrid& grid, const EncodeOptions& options,
                      uint8_t* out, float* reconstruction) {
-  std::vector<uint8_t> codes(static_cast<size_t>(cols));
+  // Rows go through in passes of kPassRows: per-channel scales are then read once per pass.
+  constexpr int64_t kPassRows = 4;
+  std::vector<uint8_t> pass_codes(static_cast<size_t>(kPassRows * cols));
   const bool per_channel = spec.granularity == Granularity::kChannel;
   const std::vector<float> max_codes =
       per_channel ? ChannelMaxCodes(spec.scheme, bits, cols) : std::vector<float>();
@@ -85,31 +87,36 @@ void QuantizeAndPack(const float* x, int64_t rows, int64_t cols, const GridSpec&
   const float* steps = grid.steps.data();
   RowLayout layout = RowLayoutOf(bits, 0, cols);
   BitWriter writer(out, bits.PackedBytes(rows, cols));
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * cols;
-    float* recon_row = reconstruction ? reconstruction + r * cols : nullptr;
-    if (per_channel) {
-      if (stochastic) {
-        QuantizeRowPerChannelStochastic(xr, cols, zeros, inv_steps.data(), max_codes.data(), &rng,
-                                        codes.data());
-      } else {
-        QuantizeRowPerChannel(xr, cols, zeros, inv_steps.data(), max_codes.data(), codes.data());
-      }
-      if (recon_row) DequantizeRowPerChannel(codes.data(), cols, zeros, steps, recon_row);
-    } else {
-      ForEachRun(spec, r, cols, [&](int64_t begin, int64_t n, int64_t g) {
-        const auto max_code = static_cast<float>(MaxCode(spec.scheme, bits.BitsAt(r, begin)));
-        if (stochastic) {
-          QuantizeRunStochastic(xr + begin, n, zeros[g], inv_steps[g], max_code, &rng,
-                                codes.data() + begin);
-        } else {
-          QuantizeRun(xr + begin, n, zeros[g], inv_steps[g], max_code, codes.data() + begin);
-        }
-        if (recon_row) DequantizeRun(codes.data() + begin, n, zeros[g], steps[g], recon_row + begin);
-      });
+  for (int64_t r0 = 0; r0 < rows; r0 += kPassRows) {
+    const int64_t pass_rows = std::min(kPassRows, rows - r0);
+    if (per_channel && !stochastic) {
+      QuantizeRowsPerChannel(x + r0 * cols, pass_rows, cols, zeros, inv_steps.data(), max_codes.data(),
+                             pass_codes.data());
     }
-    UpdateRowLayout(bits, r, cols, &layout);
-    layout.Pack(codes.data(), writer);
+    for (int64_t r = r0; r < r0 + pass_rows; ++r) {
+      const float* xr = x + r * cols;
+      uint8_t* codes = pass_codes.data() + (r - r0) * cols;
+      float* recon_row = reconstruction ? reconstruction + r * cols : nullptr;
+      if (per_channel) {
+        if (stochastic) {
+          QuantizeRowPerChannelStochastic(xr, cols, zeros, inv_steps.data(), max_codes.data(), &rng,
+                                          codes);
+        }
+        if (recon_row) DequantizeRowPerChannel(codes, cols, zeros, steps, recon_row);
+      } else {
+        ForEachRun(spec, r, cols, [&](int64_t begin, int64_t n, int64_t g) {
+          const auto max_code = static_cast<float>(MaxCode(spec.scheme, bits.BitsAt(r, begin)));
+          if (stochastic) {
+            QuantizeRunStochastic(xr + begin, n, zeros[g], inv_steps[g], max_code, &rng, codes + begin);
+          } else {
+            QuantizeRun(xr + begin, n, zeros[g], inv_steps[g], max_code, codes + begin);
+          }
+          if (recon_row) DequantizeRun(codes + begin, n, zeros[g], steps[g], recon_row + begin);
+        });
+      }
+      UpdateRowLayout(bits, r, cols, &layout);
+      layout.Pack(codes, writer);
+    }
   }
   writer.Finish();
 }

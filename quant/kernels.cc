@@ -76,15 +76,19 @@ AMAQ_VECTOR_CLONES void DequantizeRun(const uint8_t* codes, int64_t n, float zer
   for (int64_t i = 0; i < n; ++i) out[i] = zero + static_cast<float>(codes[i]) * step;
 }
 
-AMAQ_VECTOR_CLONES void QuantizeRowPerChannel(const float* x, int64_t n, const float* zeros, const float* inv_steps,
-                           const float* max_codes, uint8_t* codes) {
+AMAQ_VECTOR_CLONES void QuantizeRowsPerChannel(const float* x, int64_t rows, int64_t n, const float* zeros,
+                                               const float* inv_steps, const float* max_codes, uint8_t* codes) {
   if (ActiveIsa() == Isa::kAvx512) {
-    avx512::QuantizeRowPerChannel(x, n, zeros, inv_steps, max_codes, codes);
+    avx512::QuantizeRowsPerChannel(x, rows, n, zeros, inv_steps, max_codes, codes);
     return;
   }
-  ForEachPrefetched(x, n, [&](int64_t i) {
-    codes[i] = RoundHalfEven(Clamp((x[i] - zeros[i]) * inv_steps[i], max_codes[i]));
-  });
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * n;
+    uint8_t* cr = codes + r * n;
+    ForEachPrefetched(xr, n, [&](int64_t i) {
+      cr[i] = RoundHalfEven(Clamp((xr[i] - zeros[i]) * inv_steps[i], max_codes[i]));
+    });
+  }
 }
 
 AMAQ_VECTOR_CLONES void QuantizeRowPerChannelStochastic(const float* x, int64_t n, const float* zeros,

@@ -32,8 +32,9 @@ void QuantizeRunStochastic(const float* x, int64_t n, float zero, float inv_step
                            uint64_t* rng_state, uint8_t* codes);
 void DequantizeRun(const uint8_t* codes, int64_t n, float zero, float step, float* out);
 
-void QuantizeRowPerChannel(const float* x, int64_t n, const float* zeros, const float* inv_steps,
-                           const float* max_codes, uint8_t* codes);
+// `rows` consecutive rows of n values (x and codes row-major) under the same per-channel scales.
+void QuantizeRowsPerChannel(const float* x, int64_t rows, int64_t n, const float* zeros,
+                            const float* inv_steps, const float* max_codes, uint8_t* codes);
 void QuantizeRowPerChannelStochastic(const float* x, int64_t n, const float* zeros,
                                      const float* inv_steps, const float* max_codes,
                                      uint64_t* rng_state, uint8_t* codes);

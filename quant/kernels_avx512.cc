@@ -30,12 +30,13 @@ AMAQ_AVX512 inline __mmask16 FirstLanes(int64_t n) {
   return static_cast<__mmask16>((1u << n) - 1u);
 }
 
-// The portable loop's operations, in its order: clamp((x - zero) * inv_step, 0, max_code), then
-// round half to even (the conversion's embedded rounding). max_ps(u, 0) is `u > 0 ? u : 0` and
-// min_ps(u, m) is `u < m ? u : m`.
+// The portable loop's codes, round_half_even(clamp((x - zero) * inv_step, 0, max_code)), with the
+// lower clamp moved after the rounding: the result is negative where the code is 0, and the
+// caller's saturating packs (or a max with 0) finish it. That is the same code for every u:
+// min_ps(m, u) is `m < u ? m : u`, so a NaN u stays NaN and, like every u below -2^31 or below
+// 0.5, converts to a value that saturates to 0 (the portable clamp maps NaN to 0 too).
 AMAQ_AVX512 inline __m512i Codes16(__m512 x, __m512 zero, __m512 inv_step, __m512 max_code) {
-  __m512 u = _mm512_mul_ps(_mm512_sub_ps(x, zero), inv_step);
-  u = _mm512_min_ps(_mm512_max_ps(u, _mm512_setzero_ps()), max_code);
+  const __m512 u = _mm512_min_ps(max_code, _mm512_mul_ps(_mm512_sub_ps(x, zero), inv_step));
   return _mm512_cvt_roundps_epi32(u, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
 
@@ -69,23 +70,39 @@ AMAQ_AVX512 inline __m512i CodesAt(const float* x, const Scales& s, int64_t i, _
   return Codes16(_mm512_maskz_loadu_ps(m, x + i), s.Zero(i, m), s.Step(i, m), s.MaxCode(i, m));
 }
 
+// Rows of n codes under the same scales: each block of 64 columns loads its scales once for all
+// rows (per-channel scales otherwise take most of the traffic from the L2 cache).
 template <typename Scales>
-AMAQ_AVX512 void Quantize(const float* x, int64_t n, const Scales& s, uint8_t* codes) {
+AMAQ_AVX512 void Quantize(const float* x, int64_t rows, int64_t n, const Scales& s, uint8_t* codes) {
   // 64 codes per round: two saturating packs narrow four vectors of 32-bit codes to bytes
   // (interleaved by 128-bit lane), one permutation puts them back in order.
   const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   int64_t i = 0;
   for (; i + 64 <= n; i += 64) {
-    for (int k = 0; k < 64; k += 16) {
-      _mm_prefetch(reinterpret_cast<const char*>(x + i + k + n), _MM_HINT_T1);
+    __m512 zero[4], inv_step[4], max_code[4];
+    for (int k = 0; k < 4; ++k) {
+      zero[k] = s.Zero(i + 16 * k, kAllLanes);
+      inv_step[k] = s.Step(i + 16 * k, kAllLanes);
+      max_code[k] = s.MaxCode(i + 16 * k, kAllLanes);
     }
-    const __m512i q01 = _mm512_packus_epi32(CodesAt(x, s, i), CodesAt(x, s, i + 16));
-    const __m512i q23 = _mm512_packus_epi32(CodesAt(x, s, i + 32), CodesAt(x, s, i + 48));
-    _mm512_storeu_si512(codes + i, _mm512_permutexvar_epi32(order, _mm512_packus_epi16(q01, q23)));
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x + r * n + i;
+      __m512i c[4];
+      for (int k = 0; k < 4; ++k) {
+        _mm_prefetch(reinterpret_cast<const char*>(xr + 16 * k + rows * n), _MM_HINT_T1);
+        c[k] = Codes16(_mm512_loadu_ps(xr + 16 * k), zero[k], inv_step[k], max_code[k]);
+      }
+      const __m512i q01 = _mm512_packus_epi32(c[0], c[1]);
+      const __m512i q23 = _mm512_packus_epi32(c[2], c[3]);
+      _mm512_storeu_si512(codes + r * n + i, _mm512_permutexvar_epi32(order, _mm512_packus_epi16(q01, q23)));
+    }
   }
   for (; i < n; i += 16) {
     const __mmask16 m = n - i >= 16 ? kAllLanes : FirstLanes(n - i);
-    _mm512_mask_cvtepi32_storeu_epi8(codes + i, m, CodesAt(x, s, i, m));
+    for (int64_t r = 0; r < rows; ++r) {
+      _mm512_mask_cvtepi32_storeu_epi8(codes + r * n + i, m,
+                                       _mm512_max_epi32(CodesAt(x + r * n, s, i, m), _mm512_setzero_si512()));
+    }
   }
 }
 
@@ -119,10 +136,10 @@ AMAQ_AVX512 void Dequantize(const uint8_t* codes, int64_t n, const Scales& s, fl
 
 }  // namespace
 
-AMAQ_AVX512 void QuantizeRowPerChannel(const float* x, int64_t n, const float* zeros,
-                                       const float* inv_steps, const float* max_codes,
-                                       uint8_t* codes) {
-  Quantize(x, n, ChannelScales{zeros, inv_steps, max_codes}, codes);
+AMAQ_AVX512 void QuantizeRowsPerChannel(const float* x, int64_t rows, int64_t n, const float* zeros,
+                                        const float* inv_steps, const float* max_codes,
+                                        uint8_t* codes) {
+  Quantize(x, rows, n, ChannelScales{zeros, inv_steps, max_codes}, codes);
 }
 
 AMAQ_AVX512 void DequantizeRowPerChannel(const uint8_t* codes, int64_t n, const float* zeros,
@@ -132,7 +149,7 @@ AMAQ_AVX512 void DequantizeRowPerChannel(const uint8_t* codes, int64_t n, const 
 
 AMAQ_AVX512 void QuantizeRun(const float* x, int64_t n, float zero, float inv_step, float max_code,
                              uint8_t* codes) {
-  Quantize(x, n, RunScales{zero, inv_step, max_code}, codes);
+  Quantize(x, 1, n, RunScales{zero, inv_step, max_code}, codes);
 }
 
 AMAQ_AVX512 void DequantizeRun(const uint8_t* codes, int64_t n, float zero, float step, float* out) {
@@ -376,7 +393,7 @@ AMAQ_AVX512 void WidenFloats(const uint8_t* in, int64_t n, bool bf16, float* out
 #include <cstdlib>
 
 namespace amaq::quant::avx512 {
-void QuantizeRowPerChannel(const float*, int64_t, const float*, const float*, const float*, uint8_t*) { std::abort(); }
+void QuantizeRowsPerChannel(const float*, int64_t, int64_t, const float*, const float*, const float*, uint8_t*) { std::abort(); }
 void DequantizeRowPerChannel(const uint8_t*, int64_t, const float*, const float*, float*, bool) { std::abort(); }
 void QuantizeRun(const float*, int64_t, float, float, float, uint8_t*) { std::abort(); }
 void DequantizeRun(const uint8_t*, int64_t, float, float, float*) { std::abort(); }

@@ -10,8 +10,8 @@
 namespace amaq::quant::avx512 {
 
 // quant/kernels.h's per-channel loops; `bypass_cache` writes `out` with non-temporal stores.
-void QuantizeRowPerChannel(const float* x, int64_t n, const float* zeros, const float* inv_steps,
-                           const float* max_codes, uint8_t* codes);
+void QuantizeRowsPerChannel(const float* x, int64_t rows, int64_t n, const float* zeros,
+                            const float* inv_steps, const float* max_codes, uint8_t* codes);
 void DequantizeRowPerChannel(const uint8_t* codes, int64_t n, const float* zeros,
                              const float* steps, float* out, bool bypass_cache);
 
