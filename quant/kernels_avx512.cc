@@ -237,12 +237,11 @@ AMAQ_AVX512 inline __m512i JoinBlock(const uint8_t* codes, const uint16_t* pair_
       _mm512_sllv_epi64(_mm512_srli_epi64(quads, 32), _mm512_loadu_si512(group_shift)));
 }
 
-// One round of a segmented OR: lane k takes in lane k - d's bits when both go to the same word.
+// One round of a segmented OR: lane k takes in lane k - d's bits where `same` says both go to
+// the same word.
 template <int d>
-AMAQ_AVX512 inline __m512i MergeWithEarlier(__m512i q, __m512i bits) {
-  const __m512i q_before = _mm512_alignr_epi64(q, _mm512_set1_epi64(-1), 8 - d);
-  const __m512i bits_before = _mm512_alignr_epi64(bits, _mm512_setzero_si512(), 8 - d);
-  return _mm512_mask_or_epi64(bits, _mm512_cmpeq_epi64_mask(q, q_before), bits, bits_before);
+AMAQ_AVX512 inline __m512i MergeWithEarlier(__mmask8 same, __m512i bits) {
+  return _mm512_mask_or_epi64(bits, same, bits, _mm512_alignr_epi64(bits, _mm512_setzero_si512(), 8 - d));
 }
 
 }  // namespace
@@ -268,10 +267,15 @@ AMAQ_AVX512 BitCursor DepositBlocks(const uint8_t* codes, int64_t blocks, const 
     const __m512i shift = _mm512_and_si512(t, _mm512_set1_epi64(63));
     __m512i low = _mm512_sllv_epi64(groups, shift);
     const __m512i high = _mm512_srlv_epi64(groups, _mm512_sub_epi64(_mm512_set1_epi64(64), shift));
-    low = MergeWithEarlier<1>(q, low);
-    low = MergeWithEarlier<2>(q, low);
-    low = MergeWithEarlier<4>(q, low);
-    const __mmask8 ends = _mm512_cmpneq_epi64_mask(q, _mm512_alignr_epi64(none, q, 1));
+    // same1: lane k's word is lane k-1's; a word's groups are neighbours, so lane k shares its
+    // word with lane k-2 when it does with k-1 and k-1 does with k-2, and so on.
+    const unsigned same1 = _mm512_cmpeq_epi64_mask(q, _mm512_alignr_epi64(q, none, 7));
+    const unsigned same2 = same1 & (same1 << 1);
+    const unsigned same4 = same2 & (same2 << 2);
+    low = MergeWithEarlier<1>(static_cast<__mmask8>(same1), low);
+    low = MergeWithEarlier<2>(static_cast<__mmask8>(same2), low);
+    low = MergeWithEarlier<4>(static_cast<__mmask8>(same4), low);
+    const auto ends = static_cast<__mmask8>(~(same1 >> 1) | 0x80);  // the last lane of each word
     const int n = __builtin_popcount(ends);
     const uint64_t q0 = (static_cast<uint64_t>(fill_bits) + group_bit[8 * b]) >> 6;
     const uint64_t carry = q0 == last_q ? last : spill;
