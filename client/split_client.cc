@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <numeric>
 #include <sstream>
 #include <thread>
 
@@ -134,45 +135,81 @@ StepResult SplitClient::Exchange(const StepInput& input) {
   });
 }
 
+std::vector<SplitClient::Part> SplitClient::PartsOf(const Batch& b) const {
+  // Labels the loss counts per row: those from position 1 on (it predicts token t from t - 1).
+  const torch::Tensor labelled = b.labels.slice(1, 1).ne(-100).sum(1).to(torch::kCPU, torch::kLong).contiguous();
+  const int64_t rows = labelled.size(0);
+  const int64_t* per_row = labelled.data_ptr<int64_t>();
+  const int64_t total = std::accumulate(per_row, per_row + rows, int64_t{0});
+  for (int64_t n = std::min(options_.micro_batches, rows); n > 1; --n) {
+    std::vector<Part> parts;
+    for (int64_t k = 0; k < n; ++k) {
+      const int64_t begin = rows * k / n, end = rows * (k + 1) / n;
+      const int64_t labels = std::accumulate(per_row + begin, per_row + end, int64_t{0});
+      if (labels == 0) break;  // a part without a label has no loss: try fewer parts
+      parts.push_back({begin, end, static_cast<float>(static_cast<double>(labels) / static_cast<double>(total))});
+    }
+    if (static_cast<int64_t>(parts.size()) == n) return parts;
+  }
+  return {{0, rows, 1.0f}};
+}
+
 StepRecord SplitClient::TrainStep(int64_t step) {
   const auto started = Clock::now();
   part_->train();
   const auto seconds_since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
   const Batch b = BatchFor(step);
-  const int64_t rows = b.ids.size(0) * b.ids.size(1);
-  const torch::Tensor x = part_(b.ids, b.mask).to(torch::kFloat).reshape({rows, config_.hidden_size});
+  const std::vector<Part> parts = PartsOf(b);
   StepRecord r;
   r.step = step;
-  r.client_seconds = seconds_since(started);
-  torch::Tensor upstream;
-  StepInput input;
-  input.step_id = step;
-  input.kind = StepKind::kTrain;
-  input.sample_ids = b.sample_ids;
-  input.batch = b.ids.size(0);
-  input.tokens = b.ids.size(1);
-  input.mask = Flat(b.mask);
-  input.labels = Flat(b.labels);
-  auto mark = Clock::now();
-  quant::Encoded encoded = codec_->EncodeTraining(x, quant::SampleRows{b.ids.size(0), b.ids.size(1), b.sample_ids}, &upstream);
-  r.up = encoded.count;
-  r.average_bits = encoded.average_bits;
-  input.activation = std::move(encoded.bytes);
-  r.encode_seconds = seconds_since(mark);
-  mark = Clock::now();
-  const StepResult result = Exchange(input);
-  r.server_seconds = result.server_seconds;
-  r.network_seconds = std::max(0.0, seconds_since(mark) - result.server_seconds);
-
-  mark = Clock::now();
-  const torch::Tensor gradient = codec_->DecodeGradient(result.gradient, rows, config_.hidden_size, &r.down);
-  r.encode_seconds += seconds_since(mark);
-  mark = Clock::now();
   r.applied = step >= client_next_;
-  if (r.applied && cut_statistics_) cut_statistics_->Add(x, gradient);
+  if (r.applied && optimizer_) optimizer_->zero_grad();
+  double bits_times_rows = 0;
+  // Each part goes forward, out and back on its own; its gradient adds to the client LoRA's, and
+  // the optimizers step once after the last.
+  for (size_t p = 0; p < parts.size(); ++p) {
+    auto mark = Clock::now();
+    const auto slice = [&](const torch::Tensor& t) { return t.slice(0, parts[p].begin, parts[p].end); };
+    const torch::Tensor ids = slice(b.ids), mask = slice(b.mask), labels = slice(b.labels);
+    const int64_t rows = ids.size(0) * ids.size(1);
+    const torch::Tensor x = part_(ids, mask).to(torch::kFloat).reshape({rows, config_.hidden_size});
+    r.client_seconds += seconds_since(mark);
+    torch::Tensor upstream;
+    StepInput input;
+    input.step_id = step;
+    input.kind = StepKind::kTrain;
+    input.sample_ids.assign(b.sample_ids.begin() + parts[p].begin, b.sample_ids.begin() + parts[p].end);
+    input.batch = ids.size(0);
+    input.tokens = ids.size(1);
+    input.mask = Flat(mask);
+    input.labels = Flat(labels);
+    input.micro_batch = static_cast<int32_t>(p);
+    input.micro_batches = static_cast<int32_t>(parts.size());
+    input.loss_scale = parts[p].share;
+    mark = Clock::now();
+    quant::Encoded encoded = codec_->EncodeTraining(x, quant::SampleRows{input.batch, input.tokens, input.sample_ids}, &upstream);
+    r.up += encoded.count;
+    bits_times_rows += encoded.average_bits * static_cast<double>(rows);
+    input.activation = std::move(encoded.bytes);
+    r.encode_seconds += seconds_since(mark);
+    mark = Clock::now();
+    const StepResult result = Exchange(input);
+    r.server_seconds += result.server_seconds;
+    r.network_seconds += std::max(0.0, seconds_since(mark) - result.server_seconds);
+    r.loss += result.loss;
+
+    mark = Clock::now();
+    const torch::Tensor gradient = codec_->DecodeGradient(result.gradient, rows, config_.hidden_size, &r.down);
+    r.encode_seconds += seconds_since(mark);
+    mark = Clock::now();
+    if (r.applied && cut_statistics_) cut_statistics_->Add(x, gradient);
+    if (r.applied && upstream.requires_grad()) upstream.backward(gradient.to(upstream.scalar_type()));
+    r.client_seconds += seconds_since(mark);
+  }
+  r.average_bits = parts.size() == 1 ? bits_times_rows / static_cast<double>(b.ids.size(0) * b.ids.size(1))
+                                      : bits_times_rows / static_cast<double>(b.ids.size(0) * b.ids.size(1));
+  const auto mark = Clock::now();
   if (r.applied) {
-    if (optimizer_) optimizer_->zero_grad();
-    if (upstream.requires_grad()) upstream.backward(gradient.to(upstream.scalar_type()));
     codec_->Step();
     if (optimizer_) {
       if (options_.max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(part_->TrainableParameters(), options_.max_grad_norm);
@@ -181,7 +218,6 @@ StepRecord SplitClient::TrainStep(int64_t step) {
     client_next_ = step + 1;
   }
   r.client_seconds += seconds_since(mark);
-  r.loss = result.loss;
   r.wire_up = transport_.bytes_up();
   r.wire_down = transport_.bytes_down();
   r.seconds = std::chrono::duration<double>(Clock::now() - started).count();

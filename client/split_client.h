@@ -47,6 +47,7 @@ struct ClientOptions {
   double max_grad_norm = 0;      // clip the client LoRA's gradient norm per step (0: no clipping)
   int64_t steps = 200;
   int64_t batch = 16;
+  int64_t micro_batches = 1;     // parts each step is sent in (at most batch); the update is the whole step's
   int64_t max_tokens = 64;
   uint64_t seed = 1;
   int64_t eval_every = 0;        // 0: evaluate only at the end
@@ -120,6 +121,13 @@ class SplitClient {
 
  private:
   Batch BatchFor(int64_t step);
+  // One part of a step (StepInput::micro_batch): rows [begin, end) and its share of the labels.
+  struct Part {
+    int64_t begin, end;
+    float share;
+  };
+  // The step's rows in at most micro_batches parts of nearly equal rows, each with a label to learn.
+  std::vector<Part> PartsOf(const Batch& b) const;
   // The seeded example order, positioned at the batch of step `order_step_` (rebuilt only when a
   // resumed or rejoined client goes back to an earlier step).
   std::unique_ptr<ExampleOrder> order_;

@@ -41,6 +41,11 @@ std::vector<v1::StepRequest> StepRequests(const StepInput& input, size_t max_chu
       *r.mutable_attention_mask() = {input.mask.begin(), input.mask.end()};
       *r.mutable_labels() = {input.labels.begin(), input.labels.end()};
       r.set_cache(static_cast<v1::StepRequest::DecodeCache>(input.cache));
+      if (input.micro_batches != 1) {
+        r.set_micro_batch(input.micro_batch);
+        r.set_micro_batches(input.micro_batches);
+        r.set_loss_scale(input.loss_scale);
+      }
     }
     SetChunk(&r, input.activation, i, count, max_chunk_bytes);
   }

@@ -31,11 +31,18 @@ struct SplitServer::Session {
   std::unique_ptr<quant::ServerCodec> codec;
   std::unique_ptr<LoraState> own;           // per-client LoRA (null when shared)
   int64_t last_applied = -1;
-  // The answer to the last applied step, kept to answer a retry of it: the reply, and the raw
-  // gradient, encoded again on the current stream (a rejoined client's decoder does not know the
-  // old stream's bits table).
-  std::optional<StepResult> last_reply;
-  torch::Tensor last_gradient;              // fp32, CPU, [rows, hidden]
+  // The answers to the last applied step's parts (one unless it came in micro-batches), kept to
+  // answer a retry of them: the replies, and the raw gradients, encoded again on the current stream
+  // (a rejoined client's decoder does not know the old stream's bits table).
+  std::vector<StepResult> last_replies;
+  std::vector<torch::Tensor> last_gradients;  // fp32, CPU, [rows, hidden]
+  // The step whose parts are arriving (-1: none): the parts so far have added their gradients to
+  // the LoRA's and are answered (their answers kept as above); partial_loss sums their losses.
+  int64_t partial_step = -1;
+  int32_t partial_parts = 0;
+  std::vector<StepResult> partial_replies;
+  std::vector<torch::Tensor> partial_gradients;
+  float partial_loss = 0;
   Clock::time_point last_step_at{};         // of the last applied TRAIN step
   Clock::time_point last_seen = Clock::now();  // of the last call of this client (session_ttl_seconds)
   ClientStats stats;
@@ -244,11 +251,14 @@ void SplitServer::StepBatch(std::vector<BatchEntry>& batch) {
 }
 
 std::optional<StepResult> SplitServer::AnswerRetry(Session& s, const StepInput& in) {
-  if (in.kind != StepKind::kTrain || in.step_id != s.last_applied || !s.last_reply || s.last_reply->step_id != in.step_id) {
-    return std::nullopt;
-  }
-  StepResult again = *s.last_reply;
-  const torch::Tensor& g = s.last_gradient;
+  if (in.kind != StepKind::kTrain) return std::nullopt;
+  const auto part = static_cast<size_t>(in.micro_batch);
+  const bool applied = in.step_id == s.last_applied && s.last_replies.size() == static_cast<size_t>(in.micro_batches) &&
+                       s.last_replies[part].step_id == in.step_id;
+  const bool received = in.step_id == s.partial_step && s.partial_parts == in.micro_batches && part < s.partial_replies.size();
+  if (!applied && !received) return std::nullopt;
+  StepResult again = applied ? s.last_replies[part] : s.partial_replies[part];
+  const torch::Tensor& g = applied ? s.last_gradients[part] : s.partial_gradients[part];
   again.gradient = s.codec->EncodeGradient(g.data_ptr<float>(), g.size(0), g.size(1)).bytes;
   s.stats.gradient_bytes += again.gradient.size();
   return again;
@@ -265,7 +275,18 @@ bool SplitServer::Admit(const Session& s, const StepInput& in, Clock::time_point
             "client " + s.client_id + " exceeds the server's limit of " + std::to_string(options_.max_steps_per_second) +
                 " steps per second: slow down (the step was not applied; send it again later)");
   }
-  return in.step_id <= s.last_applied;  // applied before a restart: answer, do not apply
+  Require(in.micro_batches == 1 || !options_.shared_lora, ErrorCode::kFailedPrecondition,
+          "client " + s.client_id + " sends steps in " + std::to_string(in.micro_batches) +
+              " parts, but a shared server LoRA takes whole steps (parts of several clients would mix in its "
+              "gradient): set micro_batches 1 on the client");
+  if (in.step_id <= s.last_applied) return true;  // applied before a restart: answer, do not apply
+  Require(in.micro_batch == 0 || (s.partial_step == in.step_id && s.partial_parts == in.micro_batches &&
+                                  s.partial_replies.size() == static_cast<size_t>(in.micro_batch)),
+          ErrorCode::kFailedPrecondition,
+          "client " + s.client_id + " sent part " + std::to_string(in.micro_batch) + " of step " + std::to_string(in.step_id) +
+              " without its earlier parts (the server restarted, evicted the session or refused one): send the step again "
+              "from its first part");
+  return false;
 }
 
 torch::Tensor SplitServer::Decode(Session& s, const StepInput& in, Received* received) {
@@ -379,7 +400,19 @@ void SplitServer::TrainBatch(std::vector<Admitted>& steps, Clock::time_point sta
   // only one step's logits ([rows, tokens, vocab], the largest tensors) are held at once.
   const torch::Tensor head_input = hidden.detach().requires_grad_(true);
   const torch::Tensor all_labels = torch::cat(labels).to(device_);
-  for (const Admitted& a : steps) LoraOf(*a.session).optimizer->zero_grad();
+  // A step's parts add their gradients up: they are cleared at its first part (and for replays,
+  // which apply nothing; a replay also abandons a step whose parts were arriving).
+  for (const Admitted& a : steps) {
+    Session& s = *a.session;
+    if (replays || a.entry->input->micro_batch == 0) {
+      LoraOf(s).optimizer->zero_grad();
+      s.partial_step = replays ? -1 : a.entry->input->step_id;
+      s.partial_parts = a.entry->input->micro_batches;
+      s.partial_replies.clear();
+      s.partial_gradients.clear();
+      s.partial_loss = 0;
+    }
+  }
   // Step i's rows of a batch tensor, without the padding.
   const auto rows = [&](const torch::Tensor& t, size_t i) {
     return t.slice(0, row_starts[i], row_starts[i + 1]).slice(1, 0, steps[i].entry->input->tokens);
@@ -388,12 +421,14 @@ void SplitServer::TrainBatch(std::vector<Admitted>& steps, Clock::time_point sta
   std::vector<bool> finite(steps.size(), false);
   for (size_t i = 0; i < steps.size(); ++i) {
     const StepInput& in = *steps[i].entry->input;
-    const torch::Tensor loss = NextTokenLoss(part_->Head(rows(head_input, i)), rows(all_labels, i));
+    torch::Tensor loss = NextTokenLoss(part_->Head(rows(head_input, i)), rows(all_labels, i));
+    if (in.loss_scale != 1) loss = loss * in.loss_scale;
     StepResult& result = steps[i].entry->result;
     result.step_id = in.step_id;
     result.duplicate = replays;
     result.loss = loss.item<float>();
     if (!std::isfinite(result.loss)) {
+      steps[i].session->partial_step = -1;  // its parts must come again from the first
       steps[i].entry->error = std::make_exception_ptr(
           Error(ErrorCode::kInvalidArgument, "the loss of step " + std::to_string(in.step_id) +
                                                  " is not finite: training diverged; lower the learning rates"));
@@ -402,9 +437,10 @@ void SplitServer::TrainBatch(std::vector<Admitted>& steps, Clock::time_point sta
     finite[i] = true;
     loss.backward();
     LoraState* lora = &LoraOf(*steps[i].session);
-    if (std::find(trained.begin(), trained.end(), lora) == trained.end()) trained.push_back(lora);
+    const bool last_part = in.micro_batch == in.micro_batches - 1;
+    if (last_part && std::find(trained.begin(), trained.end(), lora) == trained.end()) trained.push_back(lora);
   }
-  if (trained.empty()) return;
+  if (std::none_of(finite.begin(), finite.end(), [](bool f) { return f; })) return;
   hidden.backward(head_input.grad());
   const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
   std::vector<torch::Tensor> gradients(steps.size());
@@ -424,28 +460,36 @@ void SplitServer::TrainBatch(std::vector<Admitted>& steps, Clock::time_point sta
     lora->optimizer->step();
   }
   for (size_t i = 0; i < steps.size(); ++i) {
-    if (finite[i]) {
-      Commit(*steps[i].session, *steps[i].entry->input, steps[i].entry->result, std::move(gradients[i]),
-             steps[i].received, started);
-    }
+    if (!finite[i]) continue;
+    Session& s = *steps[i].session;
+    const StepInput& in = *steps[i].entry->input;
+    StepResult stored = steps[i].entry->result;
+    stored.duplicate = true;  // what a retry of it gets (its gradient encoded again)
+    stored.gradient.clear();
+    s.partial_replies.push_back(std::move(stored));
+    s.partial_gradients.push_back(std::move(gradients[i]));
+    s.partial_loss += steps[i].entry->result.loss;
+    if (in.micro_batch == in.micro_batches - 1) Commit(s, in, steps[i].received, started);
   }
   CheckpointIfDue();
 }
 
-// The step's update and everything that records it.
-void SplitServer::Commit(Session& s, const StepInput& in, const StepResult& result, torch::Tensor gradient,
-                         const Received& received, Clock::time_point started) {
+// The step's update (its parts' answers are in s.partial_*) and everything that records it.
+void SplitServer::Commit(Session& s, const StepInput& in, const Received& received, Clock::time_point started) {
   s.last_applied = in.step_id;
   s.last_step_at = started;
-  s.last_reply = result;
-  s.last_reply->duplicate = true;  // what a retry of it gets
-  s.last_gradient = std::move(gradient);
+  s.last_replies = std::move(s.partial_replies);
+  s.last_gradients = std::move(s.partial_gradients);
+  s.partial_replies.clear();
+  s.partial_gradients.clear();
+  s.partial_step = -1;
+  const float loss = s.partial_loss;  // the step's: its parts' scaled losses summed
   ++s.stats.steps;
-  s.stats.last_loss = result.loss;
+  s.stats.last_loss = loss;
   s.stats.average_bits = received.average_bits;
-  s.stats.last_step_seconds = result.server_seconds;
+  s.stats.last_step_seconds = s.last_replies.back().server_seconds;
   history_.RecordStep(s.client_id,
-                      {in.step_id, std::chrono::duration<double>(started - started_).count(), result.loss,
+                      {in.step_id, std::chrono::duration<double>(started - started_).count(), loss,
                        received.average_bits, s.stats.activation_bytes, s.stats.gradient_bytes},
                       received.width_shares);
   ++applied_since_checkpoint_;

@@ -168,8 +168,7 @@ class SplitServer {
   // Forward, losses and backward of the admitted steps as one batch; each optimizer steps once
   // (replays: none); then each applied step is committed.
   void TrainBatch(std::vector<Admitted>& steps, Clock::time_point started, bool replays);
-  void Commit(Session& s, const StepInput& in, const StepResult& result, torch::Tensor gradient, const Received& received,
-              Clock::time_point started);
+  void Commit(Session& s, const StepInput& in, const Received& received, Clock::time_point started);
   void CheckpointIfDue();
   LoraState& LoraOf(Session& s);
   quant::CodecContext CodecContextFor(const std::string& client_id) const;

@@ -28,6 +28,9 @@ bool StepAssembler::Add(const amaq::v1::StepRequest& chunk) {
       Require(amaq::v1::StepRequest::DecodeCache_IsValid(chunk.cache()), ErrorCode::kInvalidArgument,
               "unknown decoding cache " + std::to_string(chunk.cache()) + ": use NO_CACHE, START_CACHE or EXTEND_CACHE");
       input_.cache = static_cast<DecodeCache>(chunk.cache());
+      input_.micro_batch = chunk.micro_batch();
+      input_.micro_batches = chunk.micro_batches() == 0 ? 1 : chunk.micro_batches();
+      input_.loss_scale = chunk.loss_scale() == 0 ? 1.0f : chunk.loss_scale();
       chunk_count_ = chunk.chunk_count();
     } else {
       Require(chunk.chunk_count() == chunk_count_ && chunk.step_id() == input_.step_id &&

@@ -180,6 +180,29 @@ TEST_F(Network, LinkResetMidMessageRetriesTheStepAndAppliesItOnce) {
   EXPECT_EQ(Losses(c), LossesWithoutNetwork(ClientFor("client-1", "bf16", 12), testing::ParityDataset(48)));
 }
 
+// Steps sent in two parts over a link that breaks in the upload of a part, between the parts and
+// in a part's reply: each part is sent again (one the server already has is answered from its
+// store, not added twice: step 8's first part here), every step is applied once, and the losses
+// are exactly those of the same parts without a network (SplitTraining.MicroBatchesGiveTheUpdate-
+// OfTheWholeStep compares parts with whole steps).
+TEST_F(Network, LinkResetsBetweenMicroBatchesLoseAndRepeatNoPart) {
+  StartServer();
+  client::GrpcTransport transport(ClientTransport(kToken1, port_));
+  client::ClientOptions o = ClientFor("client-1", "fp32", 12);
+  o.micro_batches = 2;
+  client::SplitClient c(o, testing::ParityDataset(48), transport);
+  int64_t step = c.Join();
+  for (; step < 12; ++step) {
+    // An fp32 part uploads ~9 KB in 4 KB chunks and gets ~9 KB back: these cut part 0's upload,
+    // its reply, part 1's upload and part 1's reply.
+    if (step % 3 == 2) transport.relay()->ResetAfter(static_cast<uint64_t>(3000 + 5000 * (step / 3)));
+    c.TrainStep(step);
+  }
+  EXPECT_EQ(transport.relay()->resets(), 4u);
+  EXPECT_EQ(split_->Stats().at("client-1").steps, 12) << "each step applied once";
+  EXPECT_EQ(Losses(c), LossesWithoutNetwork(o, testing::ParityDataset(48)));
+}
+
 TEST_F(Network, StalledClientIsTimedOutAndOthersKeepTraining) {
   stall_timeout_seconds_ = 0.5;
   StartServer();

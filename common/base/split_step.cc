@@ -1,9 +1,10 @@
 #include "common/base/split_step.h"
 
-#include "common/base/error.h"
-
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
+
+#include "common/base/error.h"
 
 namespace amaq {
 
@@ -45,6 +46,13 @@ void CheckStepFields(const StepInput& in, const StepShapeLimits& limits) {
     Require(in.tokens == 1 && std::count(in.mask.begin(), in.mask.end(), 1) == static_cast<std::ptrdiff_t>(n),
             ErrorCode::kInvalidArgument, "a cached decoding step extends each row by one token (tokens 1, mask 1): send one token per row");
   }
+  Require(in.micro_batches >= 1 && in.micro_batches <= kMaxMicroBatches && in.micro_batch >= 0 &&
+              in.micro_batch < in.micro_batches && std::isfinite(in.loss_scale) && in.loss_scale > 0 && in.loss_scale <= 1 &&
+              (in.micro_batches == 1 || in.kind == StepKind::kTrain),
+          ErrorCode::kInvalidArgument,
+          "micro-batch " + std::to_string(in.micro_batch) + " of " + std::to_string(in.micro_batches) + " with loss scale " +
+              std::to_string(in.loss_scale) + " is not a part of a training step: send parts 0..n-1 (n <= " +
+              std::to_string(kMaxMicroBatches) + ") of TRAIN steps, each scaled by its share in (0, 1] of the labels");
   Require(in.kind != StepKind::kTrain || (any_token && any_label), ErrorCode::kInvalidArgument,
           "training step " + std::to_string(in.step_id) +
               " has no token to learn (every label is -100 or every token is padding): leave such batches out");

@@ -32,7 +32,15 @@ struct StepInput {
   std::vector<int32_t> mask, labels;  // batch * tokens each
   std::vector<uint8_t> activation;    // codec message (or AQ-SGD frame)
   DecodeCache cache = DecodeCache::kNone;  // kNextToken only
+  // A TRAIN step sent in parts (micro-batches of its rows, docs/protocol.md): part micro_batch of
+  // micro_batches, its mean loss weighted by loss_scale (its share of the step's labelled tokens).
+  // The server adds each part's gradients up and applies the step with its last part.
+  int32_t micro_batch = 0, micro_batches = 1;
+  float loss_scale = 1;
 };
+
+// The most parts a step may be sent in.
+constexpr int32_t kMaxMicroBatches = 64;
 
 struct StepResult {
   int64_t step_id = 0;
