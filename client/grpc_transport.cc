@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <mutex>
 #include <thread>
 
@@ -53,6 +54,52 @@ class StepDeadline {
 
 }  // namespace
 
+// Writes a step stream's requests, in order, on its own thread. It stops when told to, or at the
+// first failed write (the stream has ended: a Read learns why). Its destructor stops it, waiting
+// for a write in progress, so a caller that must not wait cancels the stream's context first.
+class StepWriter {
+ public:
+  explicit StepWriter(grpc::ClientReaderWriter<StepRequest, StepReply>* stream)
+      : stream_(stream), thread_([this] { Run(); }) {}
+  ~StepWriter() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    changed_.notify_all();
+    thread_.join();
+  }
+  void Push(std::vector<StepRequest> requests) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (StepRequest& r : requests) queue_.push_back(std::move(r));
+    }
+    changed_.notify_all();
+  }
+
+ private:
+  void Run() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      changed_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      if (stop_) return;
+      const StepRequest request = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      const bool written = stream_->Write(request);
+      lock.lock();
+      if (!written) return;
+    }
+  }
+
+  grpc::ClientReaderWriter<StepRequest, StepReply>* stream_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<StepRequest> queue_;
+  bool stop_ = false;
+  std::thread thread_;  // last: it starts once the rest is ready
+};
+
 GrpcTransport::GrpcTransport(GrpcOptions options) : options_(std::move(options)) {
   const auto [host, port] = SplitHostPort(options_.server, "server");
   std::string target = options_.server;
@@ -90,12 +137,22 @@ void GrpcTransport::AuthorizeCall(grpc::ClientContext* context) const {
                         std::chrono::milliseconds(static_cast<int64_t>(options_.call_timeout_seconds * 1000)));
 }
 
+void GrpcTransport::OpenStream() {
+  if (stream_) return;
+  stream_context_ = std::make_unique<grpc::ClientContext>();
+  Authorize(stream_context_.get());
+  stream_ = stub_->Steps(stream_context_.get());
+  writer_ = std::make_unique<StepWriter>(stream_.get());
+}
+
 void GrpcTransport::CloseStream() {
   if (!stream_) return;
   stream_context_->TryCancel();
+  writer_.reset();
   stream_->Finish();
   stream_.reset();
   stream_context_.reset();
+  in_flight_.clear();
 }
 
 int64_t GrpcTransport::Join(const JoinInfo& info) {
@@ -120,31 +177,42 @@ int64_t GrpcTransport::Join(const JoinInfo& info) {
 }
 
 StepResult GrpcTransport::Step(const StepInput& input) {
-  if (!stream_) {
-    stream_context_ = std::make_unique<grpc::ClientContext>();
-    Authorize(stream_context_.get());
-    stream_ = stub_->Steps(stream_context_.get());
-  }
+  Send(input);
+  return Receive();
+}
+
+void GrpcTransport::Send(const StepInput& input) {
+  OpenStream();
+  std::vector<StepRequest> requests = StepRequests(input, static_cast<size_t>(max_chunk_bytes_));
+  for (const StepRequest& request : requests) message_up_ += FramedBytes(request);
+  writer_->Push(std::move(requests));
+  in_flight_.push_back(input.step_id);
+}
+
+StepResult GrpcTransport::Receive() {
+  Require(stream_ && !in_flight_.empty(), ErrorCode::kUnavailable,
+          "no step is on its way (the stream broke after it was sent): send the step again");
+  const int64_t step_id = in_flight_.front();
   StepDeadline deadline(stream_context_.get(), options_.call_timeout_seconds);
+  // The stream has ended (or the deadline cancelled it): the writer stops at its next write, and
+  // Finish gives the server's status. Every step in flight is lost.
   const auto fail = [&](const std::string& what) -> Error {
     deadline.Stop();
+    writer_.reset();
     const grpc::Status status = stream_->Finish();
     stream_.reset();
     stream_context_.reset();
+    in_flight_.clear();
     if (deadline.expired()) {
       return Error(ErrorCode::kUnavailable, what + ": no answer within call_timeout_seconds (" +
                                                 std::to_string(options_.call_timeout_seconds) + " s): the link stalled");
     }
     return status.ok() ? Error(ErrorCode::kUnavailable, what + ": the server closed the stream") : ToError(status, what);
   };
-  for (const StepRequest& request : StepRequests(input, static_cast<size_t>(max_chunk_bytes_))) {
-    message_up_ += FramedBytes(request);
-    if (!stream_->Write(request)) throw fail("sending step " + std::to_string(input.step_id));
-  }
   StepResult result;
   StepReply reply;
   for (int i = 0, total = 1; i < total; ++i) {
-    if (!stream_->Read(&reply)) throw fail("receiving step " + std::to_string(input.step_id));
+    if (!stream_->Read(&reply)) throw fail("receiving step " + std::to_string(step_id));
     message_down_ += FramedBytes(reply);
     if (i == 0) {
       total = std::max(1, reply.chunk_count());
@@ -156,12 +224,13 @@ StepResult GrpcTransport::Step(const StepInput& input) {
       result.scores.assign(reply.scores().begin(), reply.scores().end());
       result.next_tokens.assign(reply.next_tokens().begin(), reply.next_tokens().end());
     }
-    Require(reply.chunk_index() == i && reply.step_id() == input.step_id, ErrorCode::kDataLoss,
+    Require(reply.chunk_index() == i && reply.step_id() == step_id, ErrorCode::kDataLoss,
             "the server answered step " + std::to_string(reply.step_id()) + " chunk " + std::to_string(reply.chunk_index()) +
-                " where step " + std::to_string(input.step_id) + " chunk " + std::to_string(i) +
+                " where step " + std::to_string(step_id) + " chunk " + std::to_string(i) +
                 " was due: the server and this client disagree; restart the client");
     result.gradient.insert(result.gradient.end(), reply.payload().begin(), reply.payload().end());
   }
+  in_flight_.pop_front();
   return result;
 }
 

@@ -1,11 +1,13 @@
 // GrpcTransport: a client's Transport over gRPC with TLS (client/transport.h). Steps travel on one
-// bidirectional stream, chunked below max_chunk_bytes; a broken stream throws amaq::Error
-// (kUnavailable) and the next Join opens a fresh one. With `meter` on (the default) the channel
+// bidirectional stream, chunked below max_chunk_bytes; its requests are written by a thread of
+// their own, so that steps sent ahead (Send) never wait for the replies to be read, nor the other
+// way round. A broken stream throws amaq::Error (kUnavailable) and the next Join opens a fresh one. With `meter` on (the default) the channel
 // runs through a local TcpRelay, so bytes_up/bytes_down are the bytes that crossed the socket.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
 
+#include <deque>
 #include <memory>
 #include <string>
 
@@ -16,6 +18,8 @@
 #include "common/net/tls.h"
 
 namespace amaq::client {
+
+class StepWriter;  // grpc_transport.cc
 
 struct GrpcOptions {
   std::string server = "localhost:50051";
@@ -33,6 +37,8 @@ class GrpcTransport : public Transport {
   ~GrpcTransport() override;
   int64_t Join(const JoinInfo& info) override;
   StepResult Step(const StepInput& input) override;
+  void Send(const StepInput& input) override;
+  StepResult Receive() override;
   NamedFloats SyncAdapters(const NamedFloats& adapter) override;
   ServerAdapterInfo FetchAdapter() override;
   void ReportMetric(int64_t step, const std::string& name, double value) override;
@@ -50,6 +56,7 @@ class GrpcTransport : public Transport {
   template <typename Request, typename Reply, typename Rpc>
   void Unary(const std::string& what, const Request& request, Reply* reply, Rpc rpc);
   void Connect();  // a fresh channel to target_
+  void OpenStream();
   void CloseStream();
 
   GrpcOptions options_;
@@ -61,6 +68,8 @@ class GrpcTransport : public Transport {
   std::unique_ptr<amaq::v1::SplitTraining::Stub> stub_;
   std::unique_ptr<grpc::ClientContext> stream_context_;
   std::unique_ptr<grpc::ClientReaderWriter<amaq::v1::StepRequest, amaq::v1::StepReply>> stream_;
+  std::unique_ptr<StepWriter> writer_;  // of stream_'s requests
+  std::deque<int64_t> in_flight_;       // ids of the steps sent and not yet answered, oldest first
   int max_chunk_bytes_ = 1 << 20;
   bool server_decode_cache_ = false;  // from the last JoinReply (older servers: false)
   uint64_t message_up_ = 0, message_down_ = 0;  // gRPC messages' bytes (FramedBytes), when not metering

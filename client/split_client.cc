@@ -128,7 +128,7 @@ StepResult SplitClient::Exchange(const StepInput& input) {
   return RetryTransient("step " + std::to_string(input.step_id), [&] {
     if (retry) {
       Join();  // fresh codec streams on both sides: re-encode what referred to the old ones
-      if (input.kind == StepKind::kTrain) attempt.activation = codec_->EncodeTrainingAgain();
+      if (input.kind == StepKind::kTrain) attempt.activation = codec_->EncodeTrainingAgain(input.micro_batch);
     }
     retry = true;
     return transport_.Step(attempt);
@@ -165,17 +165,20 @@ StepRecord SplitClient::TrainStep(int64_t step) {
   r.applied = step >= client_next_;
   if (r.applied && optimizer_) optimizer_->zero_grad();
   double bits_times_rows = 0;
-  // Each part goes forward, out and back on its own; its gradient adds to the client LoRA's, and
-  // the optimizers step once after the last.
-  for (size_t p = 0; p < parts.size(); ++p) {
+  struct Sent {
+    torch::Tensor x, upstream;
+    StepInput input;
+  };
+  std::vector<Sent> sent;  // the parts forwarded and encoded, in order
+  // Part p forward through the client's layers and encoded (on the current codec stream).
+  const auto prepare = [&](size_t p) {
     auto mark = Clock::now();
     const auto slice = [&](const torch::Tensor& t) { return t.slice(0, parts[p].begin, parts[p].end); };
     const torch::Tensor ids = slice(b.ids), mask = slice(b.mask), labels = slice(b.labels);
-    const int64_t rows = ids.size(0) * ids.size(1);
-    const torch::Tensor x = part_(ids, mask).to(torch::kFloat).reshape({rows, config_.hidden_size});
+    Sent s;
+    s.x = part_(ids, mask).to(torch::kFloat).reshape({ids.size(0) * ids.size(1), config_.hidden_size});
     r.client_seconds += seconds_since(mark);
-    torch::Tensor upstream;
-    StepInput input;
+    StepInput& input = s.input;
     input.step_id = step;
     input.kind = StepKind::kTrain;
     input.sample_ids.assign(b.sample_ids.begin() + parts[p].begin, b.sample_ids.begin() + parts[p].end);
@@ -187,27 +190,53 @@ StepRecord SplitClient::TrainStep(int64_t step) {
     input.micro_batches = static_cast<int32_t>(parts.size());
     input.loss_scale = parts[p].share;
     mark = Clock::now();
-    quant::Encoded encoded = codec_->EncodeTraining(x, quant::SampleRows{input.batch, input.tokens, input.sample_ids}, &upstream);
+    quant::Encoded encoded = codec_->EncodeTraining(
+        s.x, quant::SampleRows{input.batch, input.tokens, input.sample_ids, input.micro_batch}, &s.upstream);
     r.up += encoded.count;
-    bits_times_rows += encoded.average_bits * static_cast<double>(rows);
+    bits_times_rows += encoded.average_bits * static_cast<double>(s.x.size(0));
     input.activation = std::move(encoded.bytes);
     r.encode_seconds += seconds_since(mark);
-    mark = Clock::now();
-    const StepResult result = Exchange(input);
+    sent.push_back(std::move(s));
+  };
+  // A part's answer: its gradient decoded and backpropagated (added to the step's).
+  const auto apply = [&](const Sent& s, const StepResult& result) {
     r.server_seconds += result.server_seconds;
-    r.network_seconds += std::max(0.0, seconds_since(mark) - result.server_seconds);
     r.loss += result.loss;
-
-    mark = Clock::now();
-    const torch::Tensor gradient = codec_->DecodeGradient(result.gradient, rows, config_.hidden_size, &r.down);
+    auto mark = Clock::now();
+    const torch::Tensor gradient = codec_->DecodeGradient(result.gradient, s.x.size(0), config_.hidden_size, &r.down);
     r.encode_seconds += seconds_since(mark);
     mark = Clock::now();
-    if (r.applied && cut_statistics_) cut_statistics_->Add(x, gradient);
-    if (r.applied && upstream.requires_grad()) upstream.backward(gradient.to(upstream.scalar_type()));
+    if (r.applied && cut_statistics_) cut_statistics_->Add(s.x, gradient);
+    if (r.applied && s.upstream.requires_grad()) s.upstream.backward(gradient.to(s.upstream.scalar_type()));
     r.client_seconds += seconds_since(mark);
+  };
+  // The parts go out as they are ready, without waiting for answers (the transport overlaps them
+  // with this side's compute and the server's); the answers come back in order. A broken link loses
+  // the parts in flight: the client rejoins (fresh codec streams) and sends each remaining part
+  // again, one at a time, with Exchange's retries and backoff.
+  size_t answered = 0;
+  try {
+    for (size_t p = 0; p < parts.size(); ++p) {
+      prepare(p);
+      transport_.Send(sent.back().input);
+    }
+    for (; answered < parts.size(); ++answered) apply(sent[answered], transport_.Receive());
+  } catch (const Error& e) {
+    // A broken link, or a server asking to slow down: the parts not answered are retried below.
+    if (e.code() != ErrorCode::kUnavailable && e.code() != ErrorCode::kResourceExhausted) throw;
+    spdlog::warn("client {}: step {}: {}; sending its {} unanswered part(s) again", options_.client_id, step, e.what(),
+                 parts.size() - answered);
+    RetryTransient("client " + options_.client_id, [this] { return Join(); });
+    for (; answered < parts.size(); ++answered) {
+      if (answered < sent.size()) {
+        sent[answered].input.activation = codec_->EncodeTrainingAgain(static_cast<int>(answered));
+      } else {
+        prepare(answered);
+      }
+      apply(sent[answered], Exchange(sent[answered].input));
+    }
   }
-  r.average_bits = parts.size() == 1 ? bits_times_rows / static_cast<double>(b.ids.size(0) * b.ids.size(1))
-                                      : bits_times_rows / static_cast<double>(b.ids.size(0) * b.ids.size(1));
+  r.average_bits = bits_times_rows / static_cast<double>(b.ids.size(0) * b.ids.size(1));
   const auto mark = Clock::now();
   if (r.applied) {
     codec_->Step();
@@ -218,9 +247,12 @@ StepRecord SplitClient::TrainStep(int64_t step) {
     client_next_ = step + 1;
   }
   r.client_seconds += seconds_since(mark);
+  r.seconds = std::chrono::duration<double>(Clock::now() - started).count();
+  // The parts overlap: the network's share is what the step's time leaves to the rest (0 when it
+  // hid entirely behind compute).
+  r.network_seconds = std::max(0.0, r.seconds - r.client_seconds - r.encode_seconds - r.server_seconds);
   r.wire_up = transport_.bytes_up();
   r.wire_down = transport_.bytes_down();
-  r.seconds = std::chrono::duration<double>(Clock::now() - started).count();
   records_.push_back(r);
   WriteCsv(r);
   return r;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <string>
 
 #include "common/base/split_step.h"
@@ -17,6 +18,12 @@ class Transport {
   // Returns the server's last applied step of this client (-1: none).
   virtual int64_t Join(const JoinInfo& info) = 0;
   virtual StepResult Step(const StepInput& input) = 0;
+  // Pipelined steps: Send starts a step without waiting for its answer, Receive returns the answer
+  // to the oldest step sent and not yet answered. Either throws as Step does, and then every step
+  // in flight is lost (send them again). This default sends nothing ahead: Receive runs the oldest
+  // step sent, alone.
+  virtual void Send(const StepInput& input) { unsent_.push_back(input); }
+  virtual StepResult Receive();
   // Collaborative mode: uploads this client's adapter, returns the average over clients.
   virtual NamedFloats SyncAdapters(const NamedFloats& adapter) = 0;
   // The server's LoRA that trains with this client (its layers [cut, L)), for the whole adapter.
@@ -28,6 +35,9 @@ class Transport {
   // Bytes sent and received so far, as the transport measures them (the sockets, for gRPC).
   virtual uint64_t bytes_up() const = 0;
   virtual uint64_t bytes_down() const = 0;
+
+ private:
+  std::deque<StepInput> unsent_;  // the default Send's steps
 };
 
 }  // namespace amaq::client

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "common/base/error.h"
 #include "quant/codec.h"
 
 namespace amaq::quant {
@@ -41,7 +42,30 @@ struct SampleRows {
   int64_t samples = 0;
   int64_t tokens = 0;
   std::vector<uint64_t> ids;  // the samples' ids (AQ-SGD keys its cache by them)
+  int part = 0;               // which part of its step these rows are (StepInput::micro_batch)
   int64_t rows() const { return samples * tokens; }
+};
+
+// What a client codec keeps of the current step's parts, to encode them again after a reconnect:
+// part 0 starts a step, later parts come in order.
+template <typename T>
+class StepParts {
+ public:
+  void Put(int part, T value) {
+    if (part == 0) parts_.clear();
+    Require(part == static_cast<int>(parts_.size()), ErrorCode::kInternal,
+            "part " + std::to_string(part) + " of a step encoded after " + std::to_string(parts_.size()) +
+                " parts: encode a step's parts in order from 0");
+    parts_.push_back(std::move(value));
+  }
+  const T& At(int part) const {
+    Require(part >= 0 && part < static_cast<int>(parts_.size()), ErrorCode::kInternal,
+            "part " + std::to_string(part) + " of the step was not encoded: encode it before sending it again");
+    return parts_[static_cast<size_t>(part)];
+  }
+
+ private:
+  std::vector<T> parts_;
 };
 
 class ClientCodec {
@@ -52,8 +76,9 @@ class ClientCodec {
   // *upstream to the tensor the gradient is backpropagated into (x, or a differentiable
   // reconstruction of it). Advances the activation stream.
   virtual Encoded EncodeTraining(const torch::Tensor& x, const SampleRows& samples, torch::Tensor* upstream) = 0;
-  // The last training activation again, after Reset() (a reconnect): for the fresh stream.
-  virtual std::vector<uint8_t> EncodeTrainingAgain() = 0;
+  // Part `part` of the current step's training activation again, after Reset() (a reconnect): for
+  // the fresh stream (parts already sent again on it come first).
+  virtual std::vector<uint8_t> EncodeTrainingAgain(int part) = 0;
   // An evaluation activation [rows, channels]: a self-contained message, no stream, no history.
   virtual std::vector<uint8_t> EncodeEvaluation(const torch::Tensor& x) const = 0;
   // The gradient has been backpropagated through the last *upstream: learned parts step.
@@ -101,6 +126,12 @@ class ServerCodec {
   // advancing the stream; the next gradient answers it. Throws amaq::Error (kDataLoss,
   // kInvalidArgument, kFailedPrecondition as the codec does) leaving the stream as it was.
   virtual Activation DecodeTraining(const uint8_t* data, size_t size, const SampleRows& samples, int64_t channels);
+  // A training activation whose answer comes from the server's store (a retry of it): read so that
+  // the stream, and the format of the gradient that answers it, follow it as if it were decoded
+  // for compute. A codec whose decoding changes a history (AQ-SGD's caches) leaves it unread.
+  virtual void Reread(const uint8_t* data, size_t size, const SampleRows& samples, int64_t channels) {
+    DecodeTraining(data, size, samples, channels);
+  }
   // Decodes an evaluation activation of rows x channels (self-contained: no stream).
   Activation DecodeEvaluation(const uint8_t* data, size_t size, int64_t rows, int64_t channels) const;
   // Encodes the gradient [rows, cols] that answers the last training activation decoded.
@@ -127,13 +158,13 @@ class PlainClientCodec : public ClientCodec {
  public:
   PlainClientCodec(EncodeOptions options, BitsTable bits) : options_(options), bits_(std::move(bits)) {}
   Encoded EncodeTraining(const torch::Tensor& x, const SampleRows& samples, torch::Tensor* upstream) override;
-  std::vector<uint8_t> EncodeTrainingAgain() override;
+  std::vector<uint8_t> EncodeTrainingAgain(int part) override;
   std::vector<uint8_t> EncodeEvaluation(const torch::Tensor& x) const override;
 
  private:
   EncodeOptions options_;
   BitsTable bits_;
-  torch::Tensor pending_;  // fp32 CPU copy of the last training activation
+  StepParts<torch::Tensor> pending_;  // fp32 CPU copies of the step's training activations
 };
 
 }  // namespace amaq::quant

@@ -259,6 +259,10 @@ std::optional<StepResult> SplitServer::AnswerRetry(Session& s, const StepInput& 
   if (!applied && !received) return std::nullopt;
   StepResult again = applied ? s.last_replies[part] : s.partial_replies[part];
   const torch::Tensor& g = applied ? s.last_gradients[part] : s.partial_gradients[part];
+  // The retry may be the first message on a fresh stream (its client rejoined): the stream must
+  // learn its bits table, and the gradient goes back in the format that answers it.
+  s.codec->Reread(in.activation.data(), in.activation.size(),
+                  quant::SampleRows{in.batch, in.tokens, in.sample_ids, in.micro_batch}, config_.hidden_size);
   again.gradient = s.codec->EncodeGradient(g.data_ptr<float>(), g.size(0), g.size(1)).bytes;
   s.stats.gradient_bytes += again.gradient.size();
   return again;

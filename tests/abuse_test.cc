@@ -188,14 +188,14 @@ TEST_F(Network, LinkResetMidMessageRetriesTheStepAndAppliesItOnce) {
 TEST_F(Network, LinkResetsBetweenMicroBatchesLoseAndRepeatNoPart) {
   StartServer();
   client::GrpcTransport transport(ClientTransport(kToken1, port_));
-  client::ClientOptions o = ClientFor("client-1", "fp32", 12);
+  client::ClientOptions o = ClientFor("client-1", "fixed:4:channel", 12);
   o.micro_batches = 2;
   client::SplitClient c(o, testing::ParityDataset(48), transport);
   int64_t step = c.Join();
   for (; step < 12; ++step) {
-    // An fp32 part uploads ~9 KB in 4 KB chunks and gets ~9 KB back: these cut part 0's upload,
-    // its reply, part 1's upload and part 1's reply.
-    if (step % 3 == 2) transport.relay()->ResetAfter(static_cast<uint64_t>(3000 + 5000 * (step / 3)));
+    // A 4-bit part is ~1 KB each way: these cut part 0's upload, its reply, part 1's upload and
+    // part 1's reply.
+    if (step % 3 == 2) transport.relay()->ResetAfter(static_cast<uint64_t>(500 + 1200 * (step / 3)));
     c.TrainStep(step);
   }
   EXPECT_EQ(transport.relay()->resets(), 4u);

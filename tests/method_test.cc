@@ -176,20 +176,27 @@ TEST(MethodCodecs, StochasticGradientsAreUnbiasedAcrossMessages) {
   EXPECT_NEAR(sum / messages, 0.3, 0.08);  // 0 or 1 with p = 0.3: standard error 0.023
 }
 
-// After a reconnect both sides start fresh streams: the last activation, encoded again, decodes on
-// the server's new stream (AQ-SGD resends its self-contained frame).
-TEST(MethodCodecs, TheLastActivationIsSentAgainOnAFreshStream) {
+// After a reconnect both sides start fresh streams: each part of the step, encoded again in order,
+// decodes on the server's new stream as it did on the old one (AQ-SGD resends its self-contained
+// frames).
+TEST(MethodCodecs, TheStepsPartsAreSentAgainOnAFreshStream) {
   const torch::Tensor x = TestActivation();
+  const torch::Tensor other = x.flip({0}) * 0.5;  // another part: other values, other samples
   for (const char* method : {"fixed:4:channel", "amaq:8->3", "aqsgd:4", "bf16"}) {
     const auto [client, server] = MakeHalves(method, x.size(1));
-    const SampleRows rows{2, 4, {10, 11}};
+    const SampleRows part0{2, 4, {10, 11}, 0}, part1{2, 4, {12, 13}, 1};
     torch::Tensor upstream;
-    const Encoded first = client->EncodeTraining(x, rows, &upstream);
-    const auto decoded = server->DecodeTraining(first.bytes.data(), first.bytes.size(), rows, x.size(1)).values;
+    const Encoded first = client->EncodeTraining(x, part0, &upstream);
+    const Encoded second = client->EncodeTraining(other, part1, &upstream);
+    const auto decoded0 = server->DecodeTraining(first.bytes.data(), first.bytes.size(), part0, x.size(1)).values;
+    const auto decoded1 = server->DecodeTraining(second.bytes.data(), second.bytes.size(), part1, x.size(1)).values;
     client->Reset();
     server->Reset();
-    const std::vector<uint8_t> again = client->EncodeTrainingAgain();
-    EXPECT_EQ(server->DecodeTraining(again.data(), again.size(), rows, x.size(1)).values, decoded) << method;
+    const std::vector<uint8_t> again0 = client->EncodeTrainingAgain(0);
+    const std::vector<uint8_t> again1 = client->EncodeTrainingAgain(1);
+    EXPECT_EQ(server->DecodeTraining(again0.data(), again0.size(), part0, x.size(1)).values, decoded0) << method;
+    EXPECT_EQ(server->DecodeTraining(again1.data(), again1.size(), part1, x.size(1)).values, decoded1) << method;
+    EXPECT_THROW(client->EncodeTrainingAgain(2), Error) << method << ": a part never encoded";
   }
 }
 

@@ -14,15 +14,15 @@ class AmaqClientCodec : public ClientCodec {
  public:
   AmaqClientCodec(int64_t channels, AmaqOptions options) : quantizer_(channels, options), gates_(channels) {}
 
-  Encoded EncodeTraining(const torch::Tensor& x, const SampleRows&, torch::Tensor* upstream) override {
-    pending_ = x.detach().to(torch::kCPU, torch::kFloat).contiguous();
-    pending_bits_ = quantizer_.IntegerBits(x.size(0));
+  Encoded EncodeTraining(const torch::Tensor& x, const SampleRows& samples, torch::Tensor* upstream) override {
+    pending_.Put(samples.part, {x.detach().to(torch::kCPU, torch::kFloat).contiguous(), quantizer_.IntegerBits(x.size(0))});
     Encoded e;
     *upstream = quantizer_.Quantize(x, activation_stream_, &e);
     return e;
   }
-  std::vector<uint8_t> EncodeTrainingAgain() override {
-    return EncodeTensor(activation_stream_, pending_, pending_bits_, quantizer_.WireOptions()).bytes;
+  std::vector<uint8_t> EncodeTrainingAgain(int part) override {
+    const Pending& p = pending_.At(part);
+    return EncodeTensor(activation_stream_, p.x, p.bits, quantizer_.WireOptions()).bytes;
   }
   std::vector<uint8_t> EncodeEvaluation(const torch::Tensor& x) const override {
     Encoder stateless;  // evaluation messages always carry their bits table
@@ -52,8 +52,11 @@ class AmaqClientCodec : public ClientCodec {
 
  private:
   AmaqQuantizer quantizer_;
-  torch::Tensor pending_;  // fp32 CPU copy of the last training activation, and its widths
-  BitsTable pending_bits_;
+  struct Pending {
+    torch::Tensor x;  // fp32 CPU copy of a training activation of the step
+    BitsTable bits;   // its widths
+  };
+  StepParts<Pending> pending_;
   int64_t gates_;
 };
 

@@ -20,12 +20,12 @@ class AqsgdClientCodec : public ClientCodec {
 
   Encoded EncodeTraining(const torch::Tensor& x, const SampleRows& samples, torch::Tensor* upstream) override {
     const torch::Tensor cpu = x.detach().to(torch::kCPU, torch::kFloat).contiguous();
-    pending_ = sender_->Encode(cpu.data_ptr<float>(), samples.ids, samples.tokens, x.size(1));
+    pending_.Put(samples.part, sender_->Encode(cpu.data_ptr<float>(), samples.ids, samples.tokens, x.size(1)));
     *upstream = x;
-    return pending_;
+    return pending_.At(samples.part);
   }
   // Frames are self-contained: the same bytes are valid on a fresh stream.
-  std::vector<uint8_t> EncodeTrainingAgain() override { return pending_.bytes; }
+  std::vector<uint8_t> EncodeTrainingAgain(int part) override { return pending_.At(part).bytes; }
   std::vector<uint8_t> EncodeEvaluation(const torch::Tensor& x) const override {
     Encoder stateless;  // evaluation samples have no AQ-SGD history
     return EncodeTensor(stateless, x, BitsTable{}, Bf16()).bytes;
@@ -36,7 +36,7 @@ class AqsgdClientCodec : public ClientCodec {
  private:
   AqsgdOptions options_;
   std::unique_ptr<AqsgdSender> sender_;
-  Encoded pending_;
+  StepParts<Encoded> pending_;
 };
 
 class AqsgdServerCodec : public ServerCodec {
@@ -52,6 +52,9 @@ class AqsgdServerCodec : public ServerCodec {
     const double bits = d.values.empty() ? 0 : 8.0 * static_cast<double>(d.count.payload) / static_cast<double>(d.values.size());
     return Activation{std::move(d.values), bits, d.count};
   }
+
+  // Frames are self-contained and the gradient's format is fixed: nothing to follow.
+  void Reread(const uint8_t*, size_t, const SampleRows&, int64_t) override {}
 
  protected:
   GradientFormat GradientFor(const Decoded&) const override { return gradient_; }
