@@ -1,8 +1,9 @@
 // GrpcTransport: a client's Transport over gRPC with TLS (client/transport.h). Steps travel on one
 // bidirectional stream, chunked below max_chunk_bytes; its requests are written by a thread of
 // their own, so that steps sent ahead (Send) never wait for the replies to be read, nor the other
-// way round. A broken stream throws amaq::Error (kUnavailable) and the next Join opens a fresh one. With `meter` on (the default) the channel
-// runs through a local TcpRelay, so bytes_up/bytes_down are the bytes that crossed the socket.
+// way round. A broken stream throws amaq::Error (kUnavailable) and the next Join opens a fresh
+// one. With `meter` on (the default) the channel runs through a local TcpRelay, so
+// bytes_up/bytes_down are the bytes that crossed the socket.
 #pragma once
 
 #include <grpcpp/grpcpp.h>

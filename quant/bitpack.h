@@ -47,12 +47,7 @@ class BitWriter {
   // For a byte-aligned stream: returns where its next n bytes go, for the caller to write, and
   // moves past them; *room is the number of bytes from there to the end of the output.
   uint8_t* Skip(size_t n, size_t* room) {
-    for (; fill_ > 0; fill_ -= 8) {
-      *out_++ = static_cast<uint8_t>(acc_);
-      acc_ >>= 8;
-    }
-    acc_ = 0;
-    uint8_t* at = out_;
+    uint8_t* at = Finish();  // whole bytes: nothing is left held
     *room = static_cast<size_t>(end_ - out_);
     out_ += n;
     return at;
@@ -137,9 +132,9 @@ class BitReader {
 // codes at a time: a group's codes are joined into one word of up to 64 bits and written with a
 // single BitWriter::Put, which gives the same stream as eight separate Puts at a fraction of the
 // cost. Under Isa::kAvx512 the joining and the placing of the joined words in the stream run 64
-// codes at a time and the unpacking 32 codes at a time (quant/kernels_avx512.h); where every group is whole bytes (uniform widths, for one) and
-// the row starts on a byte, the joined words are laid out by a byte permutation instead of the
-// bit writer. All paths give the same bytes and codes.
+// codes at a time and the unpacking 32 codes at a time (quant/kernels_avx512.h); where every
+// group is whole bytes (uniform widths, for one) and the row starts on a byte, the joined words
+// are laid out by a byte permutation instead. All paths give the same bytes and codes.
 class RowLayout {
  public:
   // Columns take widths[c] bits (per-channel tables) or `uniform` bits each (widths == nullptr).

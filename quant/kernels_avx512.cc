@@ -12,7 +12,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 
 #define AMAQ_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi")))
