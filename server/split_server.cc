@@ -330,13 +330,13 @@ StepResult SplitServer::Evaluate(Session& s, const StepInput& in, const torch::T
     result.next_tokens.assign(next.data_ptr<int64_t>(), next.data_ptr<int64_t>() + next.numel());
     return result;
   }
-  const torch::Tensor logits = part_(x, mask);
   if (in.kind == StepKind::kScore) {
     const torch::Tensor labels = StepTensor(in.labels, in, device_);
+    const torch::Tensor logits = part_->LogitsAtLabels(x, mask, labels);
     const torch::Tensor scores = SequenceLogProbs(logits, labels, mask).to(torch::kCPU, torch::kFloat).contiguous();
     result.scores.assign(scores.data_ptr<float>(), scores.data_ptr<float>() + scores.numel());
   } else {
-    const torch::Tensor next = LastTokenArgmax(logits, mask).to(torch::kCPU).contiguous();
+    const torch::Tensor next = LastTokenArgmax(part_(x, mask), mask).to(torch::kCPU).contiguous();
     result.next_tokens.assign(next.data_ptr<int64_t>(), next.data_ptr<int64_t>() + next.numel());
   }
   return result;
@@ -401,7 +401,7 @@ void SplitServer::TrainBatch(std::vector<Admitted>& steps, Clock::time_point sta
     hidden = part_->Body(x, torch::cat(masks).to(device_));
   }
   // The head, loss and their backward one step at a time, into the gradient of the layers' output:
-  // only one step's logits ([rows, tokens, vocab], the largest tensors) are held at once.
+  // only one step's logits are held at once, and only at its labelled positions (AtLabels).
   const torch::Tensor head_input = hidden.detach().requires_grad_(true);
   const torch::Tensor all_labels = torch::cat(labels).to(device_);
   // A step's parts add their gradients up: they are cleared at its first part (and for replays,
@@ -425,7 +425,8 @@ void SplitServer::TrainBatch(std::vector<Admitted>& steps, Clock::time_point sta
   std::vector<bool> finite(steps.size(), false);
   for (size_t i = 0; i < steps.size(); ++i) {
     const StepInput& in = *steps[i].entry->input;
-    torch::Tensor loss = NextTokenLoss(part_->Head(rows(head_input, i)), rows(all_labels, i));
+    const torch::Tensor step_labels = rows(all_labels, i);
+    torch::Tensor loss = NextTokenLoss(part_->Head(AtLabels(rows(head_input, i), step_labels)), step_labels);
     if (in.loss_scale != 1) loss = loss * in.loss_scale;
     StepResult& result = steps[i].entry->result;
     result.step_id = in.step_id;

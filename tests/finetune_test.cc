@@ -57,13 +57,14 @@ TEST(Evaluate, SequenceLogProbsAndArgmax) {
   const torch::Tensor lp = torch::log_softmax(logits, -1);
   const double row0 = lp[0][0][3].item<double>() + lp[0][1][1].item<double>();
   const double row1 = lp[1][1][4].item<double>() + lp[1][2][0].item<double>();
-  const torch::Tensor got = SequenceLogProbs(logits, labels, torch::ones({2, 4}, torch::kLong));
+  const torch::Tensor got = SequenceLogProbs(AtLabels(logits, labels), labels, torch::ones({2, 4}, torch::kLong));
   ASSERT_EQ(got.sizes(), (std::vector<int64_t>{2, 1}));
   EXPECT_NEAR(got[0][0].item<double>(), row0, 1e-5);
   EXPECT_NEAR(got[1][0].item<double>(), row1, 1e-5);
   // Packed: row 0 holds segments 2 (positions 1-2) and 3 (position 3); a label counts for the
   // segment of the token it predicts.
-  const torch::Tensor packed = SequenceLogProbs(logits, torch::tensor({{-100, 3, 1, 2}, {-100, -100, 4, 0}}),
+  const torch::Tensor packed_labels = torch::tensor({{-100, 3, 1, 2}, {-100, -100, 4, 0}});
+  const torch::Tensor packed = SequenceLogProbs(AtLabels(logits, packed_labels), packed_labels,
                                                 torch::tensor({{1, 2, 2, 3}, {1, 1, 2, 2}}));
   ASSERT_EQ(packed.sizes(), (std::vector<int64_t>{2, 2}));
   EXPECT_NEAR(packed[0][0].item<double>(), row0, 1e-5);
@@ -95,14 +96,14 @@ TEST(Evaluate, PackedCandidatesScoreAsSeparateRows) {
   for (int64_t max_tokens : {int64_t{64}, cut}) {
     const ExampleEncoder encoder(*tokenizer, 1, 2, max_tokens);
     const Batch packed = encoder.MakeCandidateBatch({&a, &b}, labels);
-    const torch::Tensor scores = SequenceLogProbs(model(packed.ids, packed.mask), packed.labels, packed.mask);
+    const torch::Tensor scores = SequenceLogProbs(model->LogitsAtLabels(packed.ids, packed.mask, packed.labels), packed.labels, packed.mask);
     ASSERT_EQ(scores.sizes(), (std::vector<int64_t>{2, 4}));
     for (size_t k = 0; k < labels.size(); ++k) {
       // The separate row of the longest candidate is cut exactly as the packed prompt.
       if (max_tokens == cut && k != 2) continue;
       const Example ak{a.prompt, labels[k], 0}, bk{b.prompt, labels[k], 1};
       const Batch row = encoder.MakeBatch({&ak, &bk}, {0, 0});
-      const torch::Tensor expected = SequenceLogProbs(model(row.ids, row.mask), row.labels, row.mask);
+      const torch::Tensor expected = SequenceLogProbs(model->LogitsAtLabels(row.ids, row.mask, row.labels), row.labels, row.mask);
       for (int64_t e = 0; e < 2; ++e) {
         EXPECT_NEAR(scores[e][static_cast<int64_t>(k)].item<double>(), expected[e][0].item<double>(), 1e-4)
             << "example " << e << ", label " << labels[k] << ", max_tokens " << max_tokens;

@@ -73,13 +73,13 @@ TEST(Model, SplitEqualsWholeForwardAndBackward) {
     torch::Tensor labels = ids.masked_fill(mask == 0, -100);
 
     const torch::Tensor whole_logits = m.whole(ids, mask);
-    NextTokenLoss(whole_logits, labels).backward();
+    NextTokenLoss(AtLabels(whole_logits, labels), labels).backward();
 
     // The split-learning step: the client's output crosses the cut, the server's gradient comes back.
     const torch::Tensor cut_activation = m.client(ids, mask);
     const torch::Tensor received = cut_activation.detach().requires_grad_(true);
     const torch::Tensor split_logits = m.server(received, mask);
-    NextTokenLoss(split_logits, labels).backward();
+    NextTokenLoss(AtLabels(split_logits, labels), labels).backward();
     if (cut_activation.requires_grad()) cut_activation.backward(received.grad());  // cut 0: nothing to train
 
     EXPECT_TRUE(torch::allclose(whole_logits, split_logits, 1e-6, 1e-6)) << "cut " << cut;
@@ -95,6 +95,44 @@ TEST(Model, SplitEqualsWholeForwardAndBackward) {
     }
     EXPECT_EQ(compared, static_cast<int>(grads.size()));
   }
+}
+
+// The head run at the labelled positions only gives the loss of every position's logits with the
+// unlabelled ones ignored, and the same gradients: those of the LoRA and of the part's input.
+TEST(Model, TheHeadAtTheLabelsGivesTheLossOfEveryPosition) {
+  torch::manual_seed(7);
+  const ModelConfig c = TinyConfig();
+  SplitModels m = MakeSplit(c, 2, testing::TempDir("labelled"));
+  auto [ids, mask] = Batch(c, 3, 9);
+  torch::Tensor labels = ids.masked_fill(mask == 0, -100);
+  labels.slice(1, 0, 4).fill_(-100);  // a prompt of 4 tokens, and padding, carry no label
+  labels[2].fill_(-100);              // a row with no label at all
+  const torch::Tensor hidden = torch::randn({3, 9, c.hidden_size});
+  const auto run = [&](bool at_labels) {
+    for (auto& p : m.server->TrainableParameters()) p.mutable_grad().reset();
+    const torch::Tensor x = hidden.clone().requires_grad_(true);
+    torch::Tensor loss;
+    if (at_labels) {
+      loss = NextTokenLoss(m.server->LogitsAtLabels(x, mask, labels), labels);
+    } else {  // the definition: every position's logits, the unlabelled ones ignored
+      const torch::Tensor logits = m.server(x, mask);
+      loss = torch::nn::functional::cross_entropy(
+          logits.slice(1, 0, -1).reshape({-1, c.vocab_size}), labels.slice(1, 1).reshape({-1}),
+          torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100));
+    }
+    loss.backward();
+    std::vector<torch::Tensor> out{loss.detach(), x.grad()};
+    for (auto& p : m.server->TrainableParameters()) out.push_back(p.grad().clone());
+    return out;
+  };
+  const std::vector<torch::Tensor> want = run(false), got = run(true);
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_GT(want[1].abs().sum().item<double>(), 0);
+  for (size_t k = 0; k < want.size(); ++k) EXPECT_TRUE(torch::allclose(got[k], want[k], 1e-5, 1e-7)) << "tensor " << k;
+  EXPECT_EQ(m.server->LogitsAtLabels(hidden, mask, labels).size(0), labels.slice(1, 1).ne(-100).sum().item<int64_t>());
+  const torch::Tensor none = torch::full_like(labels, -100);
+  EXPECT_TRUE(std::isnan(NextTokenLoss(m.server->LogitsAtLabels(hidden, mask, none), none).item<float>()))
+      << "no label: no loss (a server refuses such a step)";
 }
 
 TEST(Model, UShapedSplitKeepsTheHeadOnTheClient) {
@@ -161,7 +199,7 @@ TEST(Lora, ZeroBLeavesTheBaseModelAndOnlyLoraTrains) {
   model->AddLora(lora);
   const torch::Tensor with_adapter = model(ids, mask);
   EXPECT_TRUE(torch::equal(with_adapter, base));
-  NextTokenLoss(with_adapter, ids).backward();
+  NextTokenLoss(AtLabels(with_adapter, ids), ids).backward();
   for (const auto& p : model->named_parameters()) {
     const bool is_lora = p.key().find("lora_") != std::string::npos;
     EXPECT_EQ(p.value().grad().defined(), is_lora) << p.key();
@@ -271,11 +309,11 @@ void ExpectSplitEqualsWhole(SplitModels& m, const ModelConfig& c) {
   auto [ids, mask] = Batch(c);
   const torch::Tensor labels = ids.masked_fill(mask == 0, -100);
   const torch::Tensor whole_logits = m.whole(ids, mask);
-  NextTokenLoss(whole_logits, labels).backward();
+  NextTokenLoss(AtLabels(whole_logits, labels), labels).backward();
   const torch::Tensor cut = m.client(ids, mask);
   const torch::Tensor received = cut.detach().requires_grad_(true);
   const torch::Tensor split_logits = m.server(received, mask);
-  NextTokenLoss(split_logits, labels).backward();
+  NextTokenLoss(AtLabels(split_logits, labels), labels).backward();
   cut.backward(received.grad());
   EXPECT_TRUE(torch::allclose(whole_logits, split_logits, 1e-6, 1e-6));
   std::map<std::string, torch::Tensor> grads;
@@ -451,8 +489,8 @@ TEST(ComputeDtype, Bf16ActivationsFollowFp32WithFp32Parameters) {
     const double error = ((got.to(torch::kFloat) - want).norm() / want.norm()).item<double>();
     EXPECT_GT(error, 0.0) << "bf16 compute rounds";
     EXPECT_LT(error, 0.03) << ToString(format);
-    NextTokenLoss(want, labels).backward();
-    NextTokenLoss(got, labels).backward();
+    NextTokenLoss(AtLabels(want, labels), labels).backward();
+    NextTokenLoss(AtLabels(got, labels), labels).backward();
     std::map<std::string, torch::Tensor> grads;
     for (auto& [name, t] : fp32.whole->LoraParameters()) grads[name] = t.grad();
     for (auto& [name, t] : bf16.whole->LoraParameters()) {

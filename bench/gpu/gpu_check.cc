@@ -149,7 +149,7 @@ int RunThroughput(const ThroughputCheck& c) {
     const torch::Tensor labels = torch::randint(config.vocab_size, {batch, c.tokens}, torch::TensorOptions(torch::kLong).device(device));
     auto step = [&] {
       const torch::Tensor x = x0.detach().requires_grad_(true);
-      NextTokenLoss(part(x, mask), labels).backward();
+      NextTokenLoss(part->LogitsAtLabels(x, mask, labels), labels).backward();
       for (auto& p : part->TrainableParameters()) p.mutable_grad().reset();
     };
     step();  // warm-up: kernels chosen, memory pools filled

@@ -18,16 +18,18 @@ std::vector<const Example*> Slice(const std::vector<Example>& examples, size_t b
 
 }  // namespace
 
-torch::Tensor SequenceLogProbs(const torch::Tensor& logits, const torch::Tensor& labels, const torch::Tensor& mask) {
-  const torch::Tensor log_probs = torch::log_softmax(logits.slice(1, 0, -1).to(torch::kFloat), -1);
-  const torch::Tensor target = labels.slice(1, 1);
-  const torch::Tensor valid = target != -100;
-  const torch::Tensor picked = log_probs.gather(-1, target.clamp_min(0).unsqueeze(-1)).squeeze(-1) * valid;
-  const int64_t segments = std::max<int64_t>(mask.max().item<int64_t>() - 1, 0);
-  if (segments == 0) return picked.sum(1, /*keepdim=*/true);
-  // Each labelled position counts for the segment of the token it predicts.
-  const torch::Tensor segment = (mask.slice(1, 1).to(picked.device()) - 2).clamp_min(0);
-  return torch::zeros({picked.size(0), segments}, picked.options()).scatter_add_(1, segment, picked);
+torch::Tensor SequenceLogProbs(const torch::Tensor& labelled_logits, const torch::Tensor& labels, const torch::Tensor& mask) {
+  const torch::Tensor next = labels.slice(1, 1);
+  const torch::Tensor labelled = next.ne(-100);
+  const torch::Tensor target = next.index({labelled}).to(labelled_logits.device());
+  const torch::Tensor picked =
+      torch::log_softmax(labelled_logits.to(torch::kFloat), -1).gather(-1, target.unsqueeze(-1)).squeeze(-1);  // [N]
+  // Each labelled position counts for its row and for the segment of the token it predicts (0
+  // for plain rows).
+  const torch::Tensor row = labelled.nonzero().select(1, 0).to(picked.device());
+  const torch::Tensor segment = (mask.slice(1, 1) - 2).clamp_min(0).index({labelled}).to(picked.device());
+  const int64_t segments = std::max<int64_t>(mask.max().item<int64_t>() - 1, 1);
+  return torch::zeros({labels.size(0), segments}, picked.options()).index_put_({row, segment}, picked, /*accumulate=*/true);
 }
 
 torch::Tensor LastTokenArgmax(const torch::Tensor& logits, const torch::Tensor& mask) {

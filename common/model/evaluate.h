@@ -22,10 +22,11 @@ class GreedyDecoder;
 using SequenceScorer = std::function<torch::Tensor(const Batch&)>;
 using GreedyStep = std::function<torch::Tensor(const torch::Tensor& ids, const torch::Tensor& mask)>;
 
-// From logits [B, T, V], labels [B, T] and the attention mask [B, T]: the sum of next-token
-// log-probabilities of the labelled positions, [B, 1] for plain rows and [B, S] for rows packed
-// with candidate segments 2..S+1 (common/model/model.h; a segment a row lacks scores 0).
-torch::Tensor SequenceLogProbs(const torch::Tensor& logits, const torch::Tensor& labels, const torch::Tensor& mask);
+// From the logits at the labelled positions, AtLabels(logits, labels) [N, V] (model.h), labels
+// [B, T] and the attention mask [B, T]: the sum of next-token log-probabilities of the labelled
+// positions, [B, 1] for plain rows and [B, S] for rows packed with candidate segments 2..S+1
+// (common/model/model.h; a segment a row lacks scores 0).
+torch::Tensor SequenceLogProbs(const torch::Tensor& labelled_logits, const torch::Tensor& labels, const torch::Tensor& mask);
 // From logits [B, T, V] and mask [B, T]: the argmax token after each row's last real token.
 torch::Tensor LastTokenArgmax(const torch::Tensor& logits, const torch::Tensor& mask);
 // From logits [B, T, V]: the argmax token after the last column (left-padded rows).

@@ -60,7 +60,7 @@ FinetuneResult FinetuneLocal(const Dataset& dataset, const FinetuneOptions& o) {
       ids.push_back(i);
     }
     const Batch b = encoder.MakeBatch(examples, ids);
-    const torch::Tensor loss = NextTokenLoss(model(b.ids, b.mask), b.labels);
+    const torch::Tensor loss = NextTokenLoss(model->LogitsAtLabels(b.ids, b.mask, b.labels), b.labels);
     optimizer.zero_grad();
     loss.backward();
     optimizer.step();
@@ -72,7 +72,7 @@ FinetuneResult FinetuneLocal(const Dataset& dataset, const FinetuneOptions& o) {
   const std::vector<Example> eval(dataset.validation.begin(),
                                   dataset.validation.begin() + std::min<int64_t>(o.eval_examples, dataset.validation.size()));
   if (dataset.is_classification()) {
-    const SequenceScorer score = [&](const Batch& b) { return SequenceLogProbs(model(b.ids, b.mask), b.labels, b.mask); };
+    const SequenceScorer score = [&](const Batch& b) { return SequenceLogProbs(model->LogitsAtLabels(b.ids, b.mask, b.labels), b.labels, b.mask); };
     result.metric = ClassificationAccuracy(score, encoder, dataset, eval, o.eval_batch, config.max_position_embeddings);
   } else {
     CachedDecoder decoder(model);

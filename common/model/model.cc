@@ -224,6 +224,11 @@ torch::Tensor ModelPartImpl::Head(const torch::Tensor& x) {
   return head_frozen ? head_frozen->Linear(norm(x)) : torch::matmul(norm(x), lm_head.to(x.scalar_type()).t());
 }
 
+torch::Tensor ModelPartImpl::LogitsAtLabels(const torch::Tensor& input, const torch::Tensor& attention_mask,
+                                             const torch::Tensor& labels) {
+  return Head(AtLabels(Body(input, attention_mask), labels));
+}
+
 torch::Tensor ModelPartImpl::forward(const torch::Tensor& input, const torch::Tensor& attention_mask) {
   return Head(Body(input, attention_mask));
 }
@@ -416,12 +421,14 @@ std::vector<torch::Tensor> ModelPartImpl::TrainableParameters() {
   return out;
 }
 
-torch::Tensor NextTokenLoss(const torch::Tensor& logits, const torch::Tensor& labels) {
-  const int64_t v = logits.size(-1);
-  const torch::Tensor predicted = logits.slice(1, 0, -1).reshape({-1, v}).to(torch::kFloat);
-  const torch::Tensor target = labels.slice(1, 1).reshape({-1});
-  return torch::nn::functional::cross_entropy(
-      predicted, target, torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100));
+torch::Tensor AtLabels(const torch::Tensor& per_position, const torch::Tensor& labels) {
+  return per_position.slice(1, 0, -1).index({labels.slice(1, 1).ne(-100).to(per_position.device())});
+}
+
+torch::Tensor NextTokenLoss(const torch::Tensor& labelled_logits, const torch::Tensor& labels) {
+  const torch::Tensor next = labels.slice(1, 1);
+  const torch::Tensor target = next.index({next.ne(-100)}).to(labelled_logits.device());
+  return torch::nn::functional::cross_entropy(labelled_logits.to(torch::kFloat), target);
 }
 
 }  // namespace amaq

@@ -182,7 +182,7 @@ int Run(const Options& o, const std::string& command) {
   }
 
   const std::vector<Batch> eval_batches = ValidationBatches(validation, o);
-  const SequenceScorer score = [&](const Batch& b) { return SequenceLogProbs(model(b.ids, b.mask), b.labels, b.mask); };
+  const SequenceScorer score = [&](const Batch& b) { return SequenceLogProbs(model->LogitsAtLabels(b.ids, b.mask, b.labels), b.labels, b.mask); };
   Progress progress("pretrain", o.steps);
   double smoothed = 0;
   auto started = std::chrono::steady_clock::now();
@@ -191,7 +191,7 @@ int Run(const Options& o, const std::string& command) {
       static_cast<torch::optim::AdamWOptions&>(group.options()).lr(LearningRate(o, state.step));
     }
     const Batch b = SampleWindows(train, o.batch, o.tokens, state.rng);
-    const torch::Tensor loss = NextTokenLoss(model(b.ids, b.mask), b.labels);
+    const torch::Tensor loss = NextTokenLoss(model->LogitsAtLabels(b.ids, b.mask, b.labels), b.labels);
     optimizer.zero_grad();
     loss.backward();
     torch::nn::utils::clip_grad_norm_(model->parameters(), 1.0);
