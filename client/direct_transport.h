@@ -26,6 +26,7 @@ class DirectTransport : public Transport {
   void ReportMetric(int64_t step, const std::string& name, double value) override {
     server_.ReportMetric(client_id_, step, name, value);
   }
+  bool server_takes_micro_batches() const override { return server_.takes_micro_batches(); }
   uint64_t bytes_up() const override { return 0; }
   uint64_t bytes_down() const override { return 0; }
 

@@ -30,6 +30,7 @@ class LocalTransport : public Transport {
     reply.set_server_id(server_id_);
     reply.set_max_chunk_bytes(static_cast<int32_t>(max_chunk_bytes_));
     reply.set_decode_cache(true);
+    reply.set_micro_batches(direct_.server_takes_micro_batches());
     up_ += FramedBytes(JoinRequestOf(info));
     down_ += FramedBytes(reply);
     return last;
@@ -62,6 +63,7 @@ class LocalTransport : public Transport {
     up_ += FramedBytes(MetricReportMessage(step, name, value));
     down_ += FramedBytes(v1::MetricAck());
   }
+  bool server_takes_micro_batches() const override { return direct_.server_takes_micro_batches(); }
   uint64_t bytes_up() const override { return up_; }
   uint64_t bytes_down() const override { return down_; }
 

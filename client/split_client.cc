@@ -102,6 +102,10 @@ SplitClient::~SplitClient() = default;
 int64_t SplitClient::Join() {
   const int64_t last = transport_.Join(JoinInfo{options_.client_id, fingerprint_, options_.cut_layer, method_->ToString()});
   codec_->Reset();
+  if (options_.micro_batches > 1 && !transport_.server_takes_micro_batches()) {
+    spdlog::info("client {}: the server takes whole steps only (it trains one shared LoRA): steps go whole, not in {} parts",
+                 options_.client_id, options_.micro_batches);
+  }
   return last + 1;
 }
 
@@ -141,7 +145,8 @@ std::vector<SplitClient::Part> SplitClient::PartsOf(const Batch& b) const {
   const int64_t rows = labelled.size(0);
   const int64_t* per_row = labelled.data_ptr<int64_t>();
   const int64_t total = std::accumulate(per_row, per_row + rows, int64_t{0});
-  for (int64_t n = std::min(options_.micro_batches, rows); n > 1; --n) {
+  const int64_t most = transport_.server_takes_micro_batches() ? options_.micro_batches : 1;
+  for (int64_t n = std::min(most, rows); n > 1; --n) {
     std::vector<Part> parts;
     for (int64_t k = 0; k < n; ++k) {
       const int64_t begin = rows * k / n, end = rows * (k + 1) / n;
@@ -203,7 +208,9 @@ StepRecord SplitClient::TrainStep(int64_t step) {
     r.server_seconds += result.server_seconds;
     r.loss += result.loss;
     auto mark = Clock::now();
-    const torch::Tensor gradient = codec_->DecodeGradient(result.gradient, s.x.size(0), config_.hidden_size, &r.down);
+    quant::ByteCount down;
+    const torch::Tensor gradient = codec_->DecodeGradient(result.gradient, s.x.size(0), config_.hidden_size, &down);
+    r.down += down;  // every part's
     r.encode_seconds += seconds_since(mark);
     mark = Clock::now();
     if (r.applied && cut_statistics_) cut_statistics_->Add(s.x, gradient);

@@ -47,7 +47,7 @@ struct ClientOptions {
   double max_grad_norm = 0;      // clip the client LoRA's gradient norm per step (0: no clipping)
   int64_t steps = 200;
   int64_t batch = 16;
-  int64_t micro_batches = 1;     // parts each step is sent in (at most batch); the update is the whole step's
+  int64_t micro_batches = 4;     // parts each step is sent in (at most batch; 1 where the server takes whole steps only)
   int64_t max_tokens = 64;
   uint64_t seed = 1;
   int64_t eval_every = 0;        // 0: evaluate only at the end

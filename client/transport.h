@@ -32,6 +32,8 @@ class Transport {
   virtual void ReportMetric(int64_t step, const std::string& name, double value) = 0;
   // Whether the server joined last keeps a decoding cache for NEXT_TOKEN steps (DecodeCache).
   virtual bool server_decodes_with_cache() const { return true; }
+  // Whether the server joined last takes TRAIN steps in parts (StepInput::micro_batch).
+  virtual bool server_takes_micro_batches() const { return true; }
   // Bytes sent and received so far, as the transport measures them (the sockets, for gRPC).
   virtual uint64_t bytes_up() const = 0;
   virtual uint64_t bytes_down() const = 0;

@@ -476,7 +476,7 @@ void SplitServer::TrainBatch(std::vector<Admitted>& steps, Clock::time_point sta
     s.partial_loss += steps[i].entry->result.loss;
     if (in.micro_batch == in.micro_batches - 1) Commit(s, in, steps[i].received, started);
   }
-  CheckpointIfDue();
+  if (!trained.empty()) CheckpointIfDue();  // once a step commits: a failed one retries at the next step, not part
 }
 
 // The step's update (its parts' answers are in s.partial_*) and everything that records it.

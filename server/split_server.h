@@ -91,6 +91,9 @@ class SplitServer {
   const ModelConfig& config() const { return config_; }
   // The step shapes this server accepts (max_sequence_tokens capped at the model's positions).
   StepShapeLimits step_limits() const;
+  // Whether TRAIN steps may come in parts (StepInput::micro_batch): not with shared_lora, whose one
+  // adapter takes the steps of every client, so one client's parts cannot hold its optimizer back.
+  bool takes_micro_batches() const { return !options_.shared_lora; }
 
   // Registers (or resumes) a client; returns its last applied step (-1: none). Throws amaq::Error
   // (kFailedPrecondition) when the fingerprint or the cut differ, (kInvalidArgument) for a bad

@@ -102,10 +102,29 @@ TEST_F(Network, Fp32OverTheNetworkFollowsLocalTraining) {
   StartServer();
   const FinetuneResult reference = FinetuneLocal(testing::ParityDataset(48), testing::TinyLocalOptions(*model_, 15));
   client::GrpcTransport transport(ClientTransport(kToken1, port_));
-  client::SplitClient c(ClientFor("client-1", "fp32", 15), testing::ParityDataset(48), transport);
+  client::ClientOptions o = ClientFor("client-1", "fp32", 15);
+  o.micro_batches = 1;  // the local run's whole steps, rounding included
+  client::SplitClient c(o, testing::ParityDataset(48), transport);
   c.Run();
   for (size_t i = 0; i < 15; ++i) {
     EXPECT_NEAR(c.records()[i].loss, reference.losses[i], 1e-4 * std::fabs(reference.losses[i]) + 1e-5) << "step " << i;
+  }
+}
+
+// The JoinReply says whether the server takes a step in parts: a server training one shared LoRA
+// refuses parts, so a client set to send them sends its steps whole there, and trains.
+TEST_F(Network, ClientsSendWholeStepsToAServerWithOneSharedLora) {
+  for (const bool shared : {false, true}) {
+    shared_lora_ = shared;
+    StartServer();
+    client::GrpcTransport transport(ClientTransport(testing::kToken1, port_));
+    client::ClientOptions o = ClientFor("client-1", "fixed:4:channel", 3);
+    o.micro_batches = 4;
+    client::SplitClient c(o, testing::ParityDataset(48), transport);
+    EXPECT_NO_THROW(c.Run()) << (shared ? "shared LoRA" : "per-client LoRA");
+    EXPECT_EQ(transport.server_takes_micro_batches(), !shared);
+    EXPECT_EQ(split_->Stats().at("client-1").steps, 3);
+    StopServer();
   }
 }
 
