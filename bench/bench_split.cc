@@ -29,8 +29,7 @@ struct Fixture {
   Fixture(const std::string& model_dir, const std::string& cert_dir) : model(model_dir), certs(cert_dir) {
     server::ServerOptions o;
     o.model_dir = model;
-    o.cut_layer = 2;
-    o.shared_lora = true;
+    o.cut_layer = 2;  // each client its own server LoRA (the default), so steps may come in parts
     split = std::make_unique<server::SplitServer>(o);
     tokens = std::make_unique<server::TokenStore>("");
     service = std::make_unique<server::SplitTrainingService>(*split, *tokens, server::ServiceOptions{});
@@ -50,8 +49,10 @@ struct Fixture {
   }
 };
 
-client::ClientOptions Options(const std::string& model, const std::string& id, const std::string& method, int64_t steps) {
+client::ClientOptions Options(const std::string& model, const std::string& id, const std::string& method, int64_t steps,
+                              int64_t micro_batches) {
   client::ClientOptions o;
+  o.micro_batches = micro_batches;
   o.client_id = id;
   o.model_dir = model;
   o.method = method;
@@ -62,6 +63,27 @@ client::ClientOptions Options(const std::string& model, const std::string& id, c
   return o;
 }
 
+// One run of 25 steps over gRPC on loopback; prints the mean of steps 5-24.
+void Report(const std::string& model, const std::string& certs, const Dataset& data, const std::string& method,
+            int64_t parts) {
+  Fixture f(model, certs);
+  client::GrpcTransport transport(f.Transport());
+  client::SplitClient c(Options(model, "bench", method, 25, parts), data, transport);
+  int64_t step = c.Join();
+  for (; step < 25; ++step) c.TrainStep(step);
+  double client = 0, codec = 0, server = 0, network = 0, total = 0, up = 0;
+  for (int i = 5; i < 25; ++i) {
+    const client::StepRecord& r = c.records()[static_cast<size_t>(i)];
+    client += r.client_seconds / 20;
+    codec += r.encode_seconds / 20;
+    server += r.server_seconds / 20;
+    network += r.network_seconds / 20;
+    total += r.seconds / 20;
+    up += static_cast<double>(r.up.total()) / 20 / 1024;
+  }
+  std::printf("%-16s %5lld %8.1f %8.1f %8.1f %8.1f %8.1f %10.1f\n", method.c_str(), static_cast<long long>(parts),
+              client * 1e3, codec * 1e3, server * 1e3, network * 1e3, total * 1e3, up);
+}
 
 }  // namespace
 
@@ -76,25 +98,10 @@ int main(int argc, char** argv) {
 
   std::printf("per-step time of one client (batch 16, up to 48 tokens, cut after layer 2, TLS on loopback), "
               "mean of steps 5-24, milliseconds:\n");
-  std::printf("%-16s %8s %8s %8s %8s %8s %10s\n", "method", "client", "codec", "server", "network", "total", "KB up/step");
+  std::printf("%-16s %5s %8s %8s %8s %8s %8s %10s\n", "method", "parts", "client", "codec", "server", "network", "total",
+              "KB up/step");
   for (const std::string method : {"bf16", "fixed:8:channel", "fixed:4:channel", "fixed:3:channel", "aqsgd:4", "amaq:8->3"}) {
-    Fixture f(model, certs);
-    client::GrpcTransport transport(f.Transport());
-    client::SplitClient c(Options(model, "bench", method, 25), wordnet, transport);
-    int64_t step = c.Join();
-    for (; step < 25; ++step) c.TrainStep(step);
-    double client = 0, codec = 0, server = 0, network = 0, total = 0, up = 0;
-    for (int i = 5; i < 25; ++i) {
-      const client::StepRecord& r = c.records()[static_cast<size_t>(i)];
-      client += r.client_seconds / 20;
-      codec += r.encode_seconds / 20;
-      server += r.server_seconds / 20;
-      network += r.network_seconds / 20;
-      total += r.seconds / 20;
-      up += static_cast<double>(r.up.total()) / 20 / 1024;
-    }
-    std::printf("%-16s %8.1f %8.1f %8.1f %8.1f %8.1f %10.1f\n", method.c_str(), client * 1e3, codec * 1e3, server * 1e3,
-                network * 1e3, total * 1e3, up);
+    for (const int64_t parts : {1, 4}) Report(model, certs, wordnet, method, parts);
   }
 
   return 0;
