@@ -148,11 +148,16 @@ void GrpcTransport::OpenStream() {
 void GrpcTransport::CloseStream() {
   if (!stream_) return;
   stream_context_->TryCancel();
+  EndStream();
+}
+
+grpc::Status GrpcTransport::EndStream() {
   writer_.reset();
-  stream_->Finish();
+  const grpc::Status status = stream_->Finish();
   stream_.reset();
   stream_context_.reset();
   in_flight_.clear();
+  return status;
 }
 
 int64_t GrpcTransport::Join(const JoinInfo& info) {
@@ -199,11 +204,7 @@ StepResult GrpcTransport::Receive() {
   // Finish gives the server's status. Every step in flight is lost.
   const auto fail = [&](const std::string& what) -> Error {
     deadline.Stop();
-    writer_.reset();
-    const grpc::Status status = stream_->Finish();
-    stream_.reset();
-    stream_context_.reset();
-    in_flight_.clear();
+    const grpc::Status status = EndStream();
     if (deadline.expired()) {
       return Error(ErrorCode::kUnavailable, what + ": no answer within call_timeout_seconds (" +
                                                 std::to_string(options_.call_timeout_seconds) + " s): the link stalled");

@@ -59,7 +59,9 @@ class GrpcTransport : public Transport {
   void Unary(const std::string& what, const Request& request, Reply* reply, Rpc rpc);
   void Connect();  // a fresh channel to target_
   void OpenStream();
-  void CloseStream();
+  void CloseStream();  // cancels the stream, then EndStream
+  // Stops the writer, finishes the stream and forgets the steps in flight; returns its status.
+  grpc::Status EndStream();
 
   GrpcOptions options_;
   std::string client_id_;

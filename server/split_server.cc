@@ -279,7 +279,7 @@ bool SplitServer::Admit(const Session& s, const StepInput& in, Clock::time_point
             "client " + s.client_id + " exceeds the server's limit of " + std::to_string(options_.max_steps_per_second) +
                 " steps per second: slow down (the step was not applied; send it again later)");
   }
-  Require(in.micro_batches == 1 || !options_.shared_lora, ErrorCode::kFailedPrecondition,
+  Require(in.micro_batches == 1 || takes_micro_batches(), ErrorCode::kFailedPrecondition,
           "client " + s.client_id + " sends steps in " + std::to_string(in.micro_batches) +
               " parts, but a shared server LoRA takes whole steps (parts of several clients would mix in its "
               "gradient): set micro_batches 1 on the client");
