@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <deque>
 #include <filesystem>
 #include <functional>
 #include <numeric>
@@ -31,11 +32,16 @@ struct SplitServer::Session {
   std::unique_ptr<quant::ServerCodec> codec;
   std::unique_ptr<LoraState> own;           // per-client LoRA (null when shared)
   int64_t last_applied = -1;
-  // The answers to the last applied step's parts (one unless it came in micro-batches), kept to
-  // answer a retry of them: the replies, and the raw gradients, encoded again on the current stream
-  // (a rejoined client's decoder does not know the old stream's bits table).
-  std::vector<StepResult> last_replies;
-  std::vector<torch::Tensor> last_gradients;  // fp32, CPU, [rows, hidden]
+  // The answers to the parts of the last two applied steps (a client one step stale has two in
+  // flight), oldest first, kept to answer a retry of them: the replies, and the raw gradients,
+  // encoded again on the current stream (a rejoined client's decoder does not know the old
+  // stream's bits table).
+  struct Answers {
+    int64_t step;
+    std::vector<StepResult> replies;
+    std::vector<torch::Tensor> gradients;  // fp32, CPU, [rows, hidden]
+  };
+  std::deque<Answers> applied;
   // The step whose parts are arriving (-1: none): the parts so far have added their gradients to
   // the LoRA's and are answered (their answers kept as above); partial_loss sums their losses.
   int64_t partial_step = -1;
@@ -253,12 +259,13 @@ void SplitServer::StepBatch(std::vector<BatchEntry>& batch) {
 std::optional<StepResult> SplitServer::AnswerRetry(Session& s, const StepInput& in) {
   if (in.kind != StepKind::kTrain) return std::nullopt;
   const auto part = static_cast<size_t>(in.micro_batch);
-  const bool applied = in.step_id == s.last_applied && s.last_replies.size() == static_cast<size_t>(in.micro_batches) &&
-                       s.last_replies[part].step_id == in.step_id;
+  const auto applied = std::find_if(s.applied.begin(), s.applied.end(), [&](const Session::Answers& a) {
+    return a.step == in.step_id && a.replies.size() == static_cast<size_t>(in.micro_batches);
+  });
   const bool received = in.step_id == s.partial_step && s.partial_parts == in.micro_batches && part < s.partial_replies.size();
-  if (!applied && !received) return std::nullopt;
-  StepResult again = applied ? s.last_replies[part] : s.partial_replies[part];
-  const torch::Tensor& g = applied ? s.last_gradients[part] : s.partial_gradients[part];
+  if (applied == s.applied.end() && !received) return std::nullopt;
+  StepResult again = received ? s.partial_replies[part] : applied->replies[part];
+  const torch::Tensor& g = received ? s.partial_gradients[part] : applied->gradients[part];
   // The retry may be the first message on a fresh stream (its client rejoined): the stream must
   // learn its bits table, and the gradient goes back in the format that answers it.
   s.codec->Reread(in.activation.data(), in.activation.size(),
@@ -483,8 +490,8 @@ void SplitServer::TrainBatch(std::vector<Admitted>& steps, Clock::time_point sta
 void SplitServer::Commit(Session& s, const StepInput& in, const Received& received, Clock::time_point started) {
   s.last_applied = in.step_id;
   s.last_step_at = started;
-  s.last_replies = std::move(s.partial_replies);
-  s.last_gradients = std::move(s.partial_gradients);
+  s.applied.push_back({in.step_id, std::move(s.partial_replies), std::move(s.partial_gradients)});
+  if (s.applied.size() > 2) s.applied.pop_front();
   s.partial_replies.clear();
   s.partial_gradients.clear();
   s.partial_step = -1;
@@ -492,7 +499,7 @@ void SplitServer::Commit(Session& s, const StepInput& in, const Received& receiv
   ++s.stats.steps;
   s.stats.last_loss = loss;
   s.stats.average_bits = received.average_bits;
-  s.stats.last_step_seconds = s.last_replies.back().server_seconds;
+  s.stats.last_step_seconds = s.applied.back().replies.back().server_seconds;
   history_.RecordStep(s.client_id,
                       {in.step_id, std::chrono::duration<double>(started - started_).count(), loss,
                        received.average_bits, s.stats.activation_bytes, s.stats.gradient_bytes},

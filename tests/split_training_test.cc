@@ -653,6 +653,24 @@ TEST_F(ServerGuards, MicroBatchesComeInOrderAndApplyOnce) {
   }
 }
 
+// A client one step stale has two steps in flight: when a link breaks after the server applied
+// both, the older step's retry is answered from the store (its own loss, not a replay on the
+// newer weights), as is the newer's; three steps back is a replay, answered but not applied.
+TEST_F(ServerGuards, TheLastTwoAppliedStepsAreAnsweredFromTheStore) {
+  std::vector<StepResult> firsts;
+  for (int64_t step = 0; step < 3; ++step) firsts.push_back(server_->Step("c", Valid(step)));
+  EXPECT_EQ(server_->Stats().at("c").steps, 3);
+  for (int64_t step : {1, 2}) {
+    const StepResult again = server_->Step("c", Valid(step));
+    EXPECT_TRUE(again.duplicate) << "step " << step;
+    EXPECT_EQ(again.loss, firsts[static_cast<size_t>(step)].loss) << "step " << step;
+    EXPECT_EQ(again.gradient, firsts[static_cast<size_t>(step)].gradient) << "step " << step;
+  }
+  const StepResult replay = server_->Step("c", Valid(0));
+  EXPECT_NE(replay.loss, firsts[0].loss) << "step 0 computed again on the weights of three steps later";
+  EXPECT_EQ(server_->Stats().at("c").steps, 3) << "nothing applied twice";
+}
+
 TEST_F(ServerGuards, StepsApplyOnceAndInOrder) {
   const StepResult first = server_->Step("c", Valid(0));
   EXPECT_FALSE(first.duplicate);
