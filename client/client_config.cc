@@ -30,6 +30,7 @@ void ClientOptionKeys(Keys& keys) {
   keys.Int("steps", &O::steps, "training steps", 0, INT64_MAX);
   keys.Int("batch", &O::batch, "sequences per step", 1, 1 << 20);
   keys.Int("micro_batches", &O::micro_batches, "send each step in this many parts of its rows, each sent as soon as it is computed, so that transfers overlap compute; the server adds their gradients up and applies the step once; whole steps where the server trains one shared LoRA (docs/protocol.md)", 1, kMaxMicroBatches);
+  keys.Bool("one_step_stale", &O::one_step_stale, "begin each step while the previous one is in flight (PipeDream-style weight stashing): its forward and gradient use the client's weights from before the previous step's update; faster on slow links, not the serial step's result (docs/protocol.md)");
   keys.Int("max_tokens", &O::max_tokens, "longest sequence (prompt cut from the left)", 4, 1 << 20);
   keys.Group(&O::lora, AddLoraKeys, LoraFromConfig);
   keys.Double("lr", &O::lr, "AdamW learning rate of the client's LoRA", 0, 10);

@@ -17,11 +17,14 @@
 #include "common/model/evaluate.h"
 #include "common/model/finetune.h"
 #include "common/base/progress.h"
+#include "common/model/lora_row_groups.h"
 
 namespace amaq::client {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 std::vector<int32_t> Flat(const torch::Tensor& t) {
   const torch::Tensor c = t.to(torch::kInt).contiguous();
@@ -59,6 +62,9 @@ SplitClient::SplitClient(ClientOptions options, Dataset data, Transport& transpo
           "cut_layer " + std::to_string(options_.cut_layer) + " lies outside the model's " +
               std::to_string(config_.num_hidden_layers) + " layers: choose 0.." + std::to_string(config_.num_hidden_layers));
   Require(!data_.train.empty(), ErrorCode::kInvalidArgument, "client " + options_.client_id + " has no training examples");
+  Require(!(options_.one_step_stale && options_.recompute_layers), ErrorCode::kInvalidArgument,
+          "one_step_stale and recompute_layers are both set: a stale step's backward needs the activations of its own "
+          "forward; turn one of them off");
   Require(options_.merged_out.empty() || !options_.adapter_out.empty(), ErrorCode::kInvalidArgument,
           "merged_out is set but adapter_out is not: set adapter_out too (the merged model is built from the adapter)");
   tokenizer_ = Tokenizer::Load(options_.model_dir, ParseSpecialTokens(options_.special_tokens));
@@ -102,6 +108,7 @@ SplitClient::~SplitClient() = default;
 int64_t SplitClient::Join() {
   const int64_t last = transport_.Join(JoinInfo{options_.client_id, fingerprint_, options_.cut_layer, method_->ToString()});
   codec_->Reset();
+  ++joins_;
   if (options_.micro_batches > 1 && !transport_.server_takes_micro_batches()) {
     spdlog::info("client {}: the server takes whole steps only (it trains one shared LoRA): steps go whole, not in {} parts",
                  options_.client_id, options_.micro_batches);
@@ -132,7 +139,7 @@ StepResult SplitClient::Exchange(const StepInput& input) {
   return RetryTransient("step " + std::to_string(input.step_id), [&] {
     if (retry) {
       Join();  // fresh codec streams on both sides: re-encode what referred to the old ones
-      if (input.kind == StepKind::kTrain) attempt.activation = codec_->EncodeTrainingAgain(input.micro_batch);
+      if (input.kind == StepKind::kTrain) attempt.activation = codec_->EncodeTrainingAgain(input.step_id, input.micro_batch);
     }
     retry = true;
     return transport_.Step(attempt);
@@ -159,102 +166,152 @@ std::vector<SplitClient::Part> SplitClient::PartsOf(const Batch& b) const {
   return {{0, rows, 1.0f}};
 }
 
-StepRecord SplitClient::TrainStep(int64_t step) {
-  const auto started = Clock::now();
-  part_->train();
-  const auto seconds_since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
-  const Batch b = BatchFor(step);
-  const std::vector<Part> parts = PartsOf(b);
-  StepRecord r;
-  r.step = step;
-  r.applied = step >= client_next_;
-  if (r.applied && optimizer_) optimizer_->zero_grad();
-  double bits_times_rows = 0;
+// A training step sent and not yet answered, with what its answers need.
+struct SplitClient::InFlight {
   struct Sent {
     torch::Tensor x, upstream;
     StepInput input;
   };
+  Clock::time_point started;
+  Batch batch;
+  std::vector<Part> parts;
   std::vector<Sent> sent;  // the parts forwarded and encoded, in order
-  // Part p forward through the client's layers and encoded (on the current codec stream).
-  const auto prepare = [&](size_t p) {
-    auto mark = Clock::now();
-    const auto slice = [&](const torch::Tensor& t) { return t.slice(0, parts[p].begin, parts[p].end); };
-    const torch::Tensor ids = slice(b.ids), mask = slice(b.mask), labels = slice(b.labels);
-    Sent s;
+  // A copy of the client's LoRA weights the forward used in their place (a step begun before the
+  // one ahead of it applied its update); empty: the forward used the weights themselves.
+  std::vector<torch::Tensor> stashed;
+  int64_t join = 0;                  // the join whose stream its parts went out on
+  std::optional<std::string> unsent;  // why its parts stopped going out (a broken link)
+  double bits_times_rows = 0;
+  StepRecord r;
+};
+
+void SplitClient::Prepare(InFlight& f, size_t p) {
+  const auto mark = Clock::now();
+  const Batch& b = f.batch;
+  const Part& part = f.parts[p];
+  const auto slice = [&](const torch::Tensor& t) { return t.slice(0, part.begin, part.end); };
+  const torch::Tensor ids = slice(b.ids), mask = slice(b.mask), labels = slice(b.labels);
+  InFlight::Sent s;
+  {
+    std::optional<LoraRowGroups> stashed;  // the forward's LoRA: the stash, while this lives
+    const std::vector<const std::vector<torch::Tensor>*> adapters{&f.stashed};
+    if (!f.stashed.empty()) stashed.emplace(part_, std::vector<int64_t>{0, ids.size(0)}, adapters);
     s.x = part_(ids, mask).to(torch::kFloat).reshape({ids.size(0) * ids.size(1), config_.hidden_size});
-    r.client_seconds += seconds_since(mark);
-    StepInput& input = s.input;
-    input.step_id = step;
-    input.kind = StepKind::kTrain;
-    input.sample_ids.assign(b.sample_ids.begin() + parts[p].begin, b.sample_ids.begin() + parts[p].end);
-    input.batch = ids.size(0);
-    input.tokens = ids.size(1);
-    input.mask = Flat(mask);
-    input.labels = Flat(labels);
-    input.micro_batch = static_cast<int32_t>(p);
-    input.micro_batches = static_cast<int32_t>(parts.size());
-    input.loss_scale = parts[p].share;
-    mark = Clock::now();
-    quant::Encoded encoded = codec_->EncodeTraining(
-        s.x, quant::SampleRows{input.batch, input.tokens, input.sample_ids, input.micro_batch}, &s.upstream);
-    r.up += encoded.count;
-    bits_times_rows += encoded.average_bits * static_cast<double>(s.x.size(0));
-    input.activation = std::move(encoded.bytes);
-    r.encode_seconds += seconds_since(mark);
-    sent.push_back(std::move(s));
-  };
+  }
+  f.r.client_seconds += SecondsSince(mark);
+  StepInput& input = s.input;
+  input.step_id = f.r.step;
+  input.kind = StepKind::kTrain;
+  input.sample_ids.assign(b.sample_ids.begin() + part.begin, b.sample_ids.begin() + part.end);
+  input.batch = ids.size(0);
+  input.tokens = ids.size(1);
+  input.mask = Flat(mask);
+  input.labels = Flat(labels);
+  input.micro_batch = static_cast<int32_t>(p);
+  input.micro_batches = static_cast<int32_t>(f.parts.size());
+  input.loss_scale = part.share;
+  const auto encoding = Clock::now();
+  quant::Encoded encoded = codec_->EncodeTraining(
+      s.x, quant::SampleRows{input.batch, input.tokens, input.sample_ids, input.micro_batch, input.step_id}, &s.upstream);
+  f.r.up += encoded.count;
+  f.bits_times_rows += encoded.average_bits * static_cast<double>(s.x.size(0));
+  input.activation = std::move(encoded.bytes);
+  f.r.encode_seconds += SecondsSince(encoding);
+  f.sent.push_back(std::move(s));
+}
+
+SplitClient::InFlight SplitClient::Begin(int64_t step, bool stash) {
+  InFlight f;
+  f.started = Clock::now();
+  part_->train();
+  f.batch = BatchFor(step);
+  f.parts = PartsOf(f.batch);
+  f.join = joins_;
+  f.r.step = step;
+  f.r.applied = step >= client_next_;
+  if (stash) {
+    torch::NoGradGuard no_grad;
+    for (const torch::Tensor& w : part_->TrainableParameters()) f.stashed.push_back(w.detach().clone().requires_grad_(true));
+  } else if (f.r.applied && optimizer_) {
+    optimizer_->zero_grad();
+  }
+  // The parts go out as they are ready, without waiting for answers (the transport overlaps them
+  // with this side's compute and the server's); the answers come back in order (Finish).
+  try {
+    for (size_t p = 0; p < f.parts.size(); ++p) {
+      Prepare(f, p);
+      transport_.Send(f.sent.back().input);
+    }
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kUnavailable && e.code() != ErrorCode::kResourceExhausted) throw;
+    f.unsent = e.what();  // Finish sends the rest
+  }
+  return f;
+}
+
+StepRecord SplitClient::Finish(InFlight& f) {
+  StepRecord& r = f.r;
   // A part's answer: its gradient decoded and backpropagated (added to the step's).
-  const auto apply = [&](const Sent& s, const StepResult& result) {
+  const auto apply = [&](const InFlight::Sent& s, const StepResult& result) {
     r.server_seconds += result.server_seconds;
     r.loss += result.loss;
     auto mark = Clock::now();
     quant::ByteCount down;
     const torch::Tensor gradient = codec_->DecodeGradient(result.gradient, s.x.size(0), config_.hidden_size, &down);
     r.down += down;  // every part's
-    r.encode_seconds += seconds_since(mark);
+    r.encode_seconds += SecondsSince(mark);
     mark = Clock::now();
     if (r.applied && cut_statistics_) cut_statistics_->Add(s.x, gradient);
     if (r.applied && s.upstream.requires_grad()) s.upstream.backward(gradient.to(s.upstream.scalar_type()));
-    r.client_seconds += seconds_since(mark);
+    r.client_seconds += SecondsSince(mark);
   };
-  // The parts go out as they are ready, without waiting for answers (the transport overlaps them
-  // with this side's compute and the server's); the answers come back in order. A broken link loses
-  // the parts in flight: the client rejoins (fresh codec streams) and sends each remaining part
-  // again, one at a time, with Exchange's retries and backoff.
+  // A broken link loses the parts in flight: the client rejoins (fresh codec streams) and sends
+  // each remaining part again, one at a time, with Exchange's retries and backoff. Parts sent
+  // before an earlier rejoin were lost with their stream.
   size_t answered = 0;
-  try {
-    for (size_t p = 0; p < parts.size(); ++p) {
-      prepare(p);
-      transport_.Send(sent.back().input);
-    }
-    for (; answered < parts.size(); ++answered) apply(sent[answered], transport_.Receive());
-  } catch (const Error& e) {
-    // A broken link, or a server asking to slow down: the parts not answered are retried below.
-    if (e.code() != ErrorCode::kUnavailable && e.code() != ErrorCode::kResourceExhausted) throw;
-    spdlog::warn("client {}: step {}: {}; sending its {} unanswered part(s) again", options_.client_id, step, e.what(),
-                 parts.size() - answered);
-    RetryTransient("client " + options_.client_id, [this] { return Join(); });
-    for (; answered < parts.size(); ++answered) {
-      if (answered < sent.size()) {
-        sent[answered].input.activation = codec_->EncodeTrainingAgain(static_cast<int>(answered));
-      } else {
-        prepare(answered);
-      }
-      apply(sent[answered], Exchange(sent[answered].input));
+  std::optional<std::string> lost = f.join != joins_ ? std::optional<std::string>("the link broke while it was in flight") : f.unsent;
+  if (!lost) {
+    try {
+      for (; answered < f.parts.size(); ++answered) apply(f.sent[answered], transport_.Receive());
+    } catch (const Error& e) {
+      // A broken link, or a server asking to slow down: the parts not answered are sent again.
+      if (e.code() != ErrorCode::kUnavailable && e.code() != ErrorCode::kResourceExhausted) throw;
+      lost = e.what();
     }
   }
-  r.average_bits = bits_times_rows / static_cast<double>(b.ids.size(0) * b.ids.size(1));
+  if (lost) {
+    spdlog::warn("client {}: step {}: {}; sending its {} unanswered part(s) again", options_.client_id, r.step, *lost,
+                 f.parts.size() - answered);
+    if (f.join == joins_) RetryTransient("client " + options_.client_id, [this] { return Join(); });
+    for (; answered < f.parts.size(); ++answered) {
+      if (answered < f.sent.size()) {
+        f.sent[answered].input.activation = codec_->EncodeTrainingAgain(r.step, static_cast<int>(answered));
+      } else {
+        Prepare(f, answered);
+      }
+      apply(f.sent[answered], Exchange(f.sent[answered].input));
+    }
+  }
+  r.average_bits = f.bits_times_rows / static_cast<double>(f.batch.ids.size(0) * f.batch.ids.size(1));
   const auto mark = Clock::now();
   if (r.applied) {
     codec_->Step();
     if (optimizer_) {
-      if (options_.max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(part_->TrainableParameters(), options_.max_grad_norm);
+      const std::vector<torch::Tensor> weights = part_->TrainableParameters();
+      for (size_t i = 0; i < f.stashed.size(); ++i) {  // the stash's gradient is the step's
+        const torch::Tensor& g = f.stashed[i].grad();
+        weights[i].mutable_grad() = g.defined() ? g : torch::zeros_like(weights[i]);
+      }
+      if (options_.max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(weights, options_.max_grad_norm);
       optimizer_->step();
     }
-    client_next_ = step + 1;
+    client_next_ = r.step + 1;
   }
-  r.client_seconds += seconds_since(mark);
-  r.seconds = std::chrono::duration<double>(Clock::now() - started).count();
+  r.client_seconds += SecondsSince(mark);
+  // A step begun while the one before it was in flight takes the time since that one finished.
+  const auto now = Clock::now();
+  r.seconds = std::chrono::duration<double>(now - std::max(f.started, finished_at_)).count();
+  finished_at_ = now;
   // The parts overlap: the network's share is what the step's time leaves to the rest (0 when it
   // hid entirely behind compute).
   r.network_seconds = std::max(0.0, r.seconds - r.client_seconds - r.encode_seconds - r.server_seconds);
@@ -263,6 +320,20 @@ StepRecord SplitClient::TrainStep(int64_t step) {
   records_.push_back(r);
   WriteCsv(r);
   return r;
+}
+
+StepRecord SplitClient::TrainStep(int64_t step) {
+  InFlight f = Begin(step, false);
+  return Finish(f);
+}
+
+bool SplitClient::BeginsNextDuring(const InFlight& f) const {
+  const int64_t next = f.r.step + 1;
+  const auto every = [next](int64_t n) { return n > 0 && next % n == 0; };
+  // Evaluations, adapter averaging and checkpoints happen between steps, with none in flight.
+  return options_.one_step_stale && f.r.applied && f.join == joins_ && !f.unsent && next < options_.steps &&
+         !every(options_.eval_every) && !every(options_.sync_every) &&
+         (options_.checkpoint_dir.empty() || !every(options_.checkpoint_every));
 }
 
 double SplitClient::Evaluate() {
@@ -417,12 +488,17 @@ double SplitClient::Run() {
   }
   Progress progress("client " + options_.client_id, options_.steps);
   int refusals = 0;
+  std::optional<InFlight> next;  // one-step-stale: the step begun while the one before it was in flight
   for (; step < options_.steps; ++step) {
     StepRecord r;
     try {
-      r = TrainStep(step);
+      InFlight current = next ? std::move(*next) : Begin(step, false);
+      next.reset();
+      if (BeginsNextDuring(current)) next = Begin(step + 1, true);
+      r = Finish(current);
       refusals = 0;
     } catch (const Error& e) {
+      next.reset();
       // The server restarted from an older checkpoint (a step gap) or lost its AQ-SGD cache:
       // rejoin, start the sender's cache afresh, and continue from the server's step counter.
       if (e.code() != ErrorCode::kFailedPrecondition || ++refusals > 3) throw;

@@ -10,10 +10,19 @@
 // CSV row (bytes up and down as the transport measured them, the codec's payload and metadata,
 // loss, average bits, and the metric when measured) and checkpoints are written every
 // checkpoint_every steps; a reconnect after a broken link retries the step with backoff.
+//
+// One step stale (one_step_stale, PipeDream's weight stashing): Run begins step t + 1 (forward,
+// encode, send) while step t is in flight, so the client's and the link's work overlap the
+// server's across steps. Step t + 1's forward and its gradient then use the client's LoRA weights
+// and AMAQ gates from before step t's update (a copy of the weights is kept for its backward); the
+// gradient is applied to the weights as they are after step t. The server applies every step on
+// its current weights, as always. No step is in flight across an evaluation, an adapter
+// averaging or a checkpoint, nor right after a broken link.
 #pragma once
 
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cstdint>
 #include <fstream>
 #include <memory>
@@ -48,6 +57,7 @@ struct ClientOptions {
   int64_t steps = 200;
   int64_t batch = 16;
   int64_t micro_batches = 4;     // parts each step is sent in (at most batch; 1 where the server takes whole steps only)
+  bool one_step_stale = false;   // begin each step's forward before the previous step's update (SplitClient)
   int64_t max_tokens = 64;
   uint64_t seed = 1;
   int64_t eval_every = 0;        // 0: evaluate only at the end
@@ -96,9 +106,10 @@ class SplitClient {
   double Run();
   // Joins (or rejoins) the server and returns the step to run next.
   int64_t Join();
-  // Runs training step `step`. A step below the first one this client has not applied yet (a
-  // replay after the server lost steps) is sent for the server's sake, but the client's own
-  // weights are left as they are: each side applies each step once.
+  // Runs training step `step` alone (Run may overlap two when one_step_stale is set). A step below
+  // the first one this client has not applied yet (a replay after the server lost steps) is sent
+  // for the server's sake, but the client's own weights are left as they are: each side applies
+  // each step once.
   StepRecord TrainStep(int64_t step);
   double Evaluate();
   // Collaborative mode: replaces this client's LoRA weights by the average over clients. Throws
@@ -128,6 +139,18 @@ class SplitClient {
   };
   // The step's rows in at most micro_batches parts of nearly equal rows, each with a label to learn.
   std::vector<Part> PartsOf(const Batch& b) const;
+  struct InFlight;
+  // Forwards step `step`'s parts and sends each as it is ready (`stash`: forward with a copy of
+  // the LoRA weights, so that the step ahead may update them before this one's backward). A broken
+  // link stops the sending; Finish sends the rest.
+  InFlight Begin(int64_t step, bool stash);
+  // Part p of f forwarded and encoded, appended to f's parts sent.
+  void Prepare(InFlight& f, size_t p);
+  // Receives f's answers in order (sending again what a broken link lost), backpropagates them,
+  // steps the optimizer and records the step. Begins are finished in the order they began.
+  StepRecord Finish(InFlight& f);
+  // Whether Run begins the step after f's before finishing f.
+  bool BeginsNextDuring(const InFlight& f) const;
   // The seeded example order, positioned at the batch of step `order_step_` (rebuilt only when a
   // resumed or rejoined client goes back to an earlier step).
   std::unique_ptr<ExampleOrder> order_;
@@ -162,6 +185,8 @@ class SplitClient {
   std::ofstream csv_;
   CutStatistics* cut_statistics_ = nullptr;
   int64_t client_next_ = 0;  // the first step whose update the client's weights do not hold
+  int64_t joins_ = 0;        // joins so far: a step sent on an earlier join's stream was lost with it
+  std::chrono::steady_clock::time_point finished_at_;  // when the last step finished
 };
 
 }  // namespace amaq::client

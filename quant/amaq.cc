@@ -41,7 +41,9 @@ class AmaqFunction : public torch::autograd::Function<AmaqFunction> {
                                .to(torch::kFloat)
                                .to(x.device());
     widths = o.per_token ? widths.view({rows, 1}) : widths.view({1, channels});
-    ctx->save_for_backward({x, x_hat, gates, widths});
+    // The gates as they are now: the quantizer steps them in place, and a client one step stale
+    // does so before this backward runs.
+    ctx->save_for_backward({x, x_hat, gates.detach().clone(), widths});
     ctx->saved_data["shift"] = quantizer->shift();
     ctx->saved_data["quantizer"] = reinterpret_cast<int64_t>(quantizer);
     return x_hat;

@@ -78,13 +78,13 @@ void ServerCodec::Reset() {
 }
 
 Encoded PlainClientCodec::EncodeTraining(const torch::Tensor& x, const SampleRows& samples, torch::Tensor* upstream) {
-  pending_.Put(samples.part, x.detach().to(torch::kCPU, torch::kFloat).contiguous());
+  pending_.Put(samples.step, samples.part, x.detach().to(torch::kCPU, torch::kFloat).contiguous());
   *upstream = x;
-  return EncodeTensor(activation_stream_, pending_.At(samples.part), bits_, options_);
+  return EncodeTensor(activation_stream_, pending_.At(samples.step, samples.part), bits_, options_);
 }
 
-std::vector<uint8_t> PlainClientCodec::EncodeTrainingAgain(int part) {
-  return EncodeTensor(activation_stream_, pending_.At(part), bits_, options_).bytes;
+std::vector<uint8_t> PlainClientCodec::EncodeTrainingAgain(int64_t step, int part) {
+  return EncodeTensor(activation_stream_, pending_.At(step, part), bits_, options_).bytes;
 }
 
 std::vector<uint8_t> PlainClientCodec::EncodeEvaluation(const torch::Tensor& x) const {

@@ -15,6 +15,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <iterator>
 #include <map>
 #include <string>
 #include <vector>
@@ -43,29 +44,38 @@ struct SampleRows {
   int64_t tokens = 0;
   std::vector<uint64_t> ids;  // the samples' ids (AQ-SGD keys its cache by them)
   int part = 0;               // which part of its step these rows are (StepInput::micro_batch)
+  int64_t step = 0;           // the training step they belong to (StepInput::step_id)
   int64_t rows() const { return samples * tokens; }
 };
 
-// What a client codec keeps of the current step's parts, to encode them again after a reconnect:
-// part 0 starts a step, later parts come in order.
+// What a client codec keeps of its steps' parts, to encode them again after a reconnect: the parts
+// of the last two steps it encoded (a one-step-stale client has two steps in flight). Part 0 starts
+// a step and drops every step but the one before it; later parts come in order.
 template <typename T>
 class StepParts {
  public:
-  void Put(int part, T value) {
-    if (part == 0) parts_.clear();
-    Require(part == static_cast<int>(parts_.size()), ErrorCode::kInternal,
-            "part " + std::to_string(part) + " of a step encoded after " + std::to_string(parts_.size()) +
-                " parts: encode a step's parts in order from 0");
-    parts_.push_back(std::move(value));
+  void Put(int64_t step, int part, T value) {
+    if (part == 0) {
+      for (auto it = steps_.begin(); it != steps_.end();) it = it->first == step - 1 ? std::next(it) : steps_.erase(it);
+      steps_[step];
+    }
+    const auto it = steps_.find(step);
+    const size_t encoded = it == steps_.end() ? 0 : it->second.size();
+    Require(it != steps_.end() && part == static_cast<int>(encoded), ErrorCode::kInternal,
+            "part " + std::to_string(part) + " of step " + std::to_string(step) + " encoded after " +
+                std::to_string(encoded) + " of its parts: encode a step's parts in order from 0");
+    it->second.push_back(std::move(value));
   }
-  const T& At(int part) const {
-    Require(part >= 0 && part < static_cast<int>(parts_.size()), ErrorCode::kInternal,
-            "part " + std::to_string(part) + " of the step was not encoded: encode it before sending it again");
-    return parts_[static_cast<size_t>(part)];
+  const T& At(int64_t step, int part) const {
+    const auto it = steps_.find(step);
+    Require(it != steps_.end() && part >= 0 && part < static_cast<int>(it->second.size()), ErrorCode::kInternal,
+            "part " + std::to_string(part) + " of step " + std::to_string(step) +
+                " is not among the last two steps' parts encoded: encode it before sending it again");
+    return it->second[static_cast<size_t>(part)];
   }
 
  private:
-  std::vector<T> parts_;
+  std::map<int64_t, std::vector<T>> steps_;
 };
 
 class ClientCodec {
@@ -76,9 +86,9 @@ class ClientCodec {
   // *upstream to the tensor the gradient is backpropagated into (x, or a differentiable
   // reconstruction of it). Advances the activation stream.
   virtual Encoded EncodeTraining(const torch::Tensor& x, const SampleRows& samples, torch::Tensor* upstream) = 0;
-  // Part `part` of the current step's training activation again, after Reset() (a reconnect): for
-  // the fresh stream (parts already sent again on it come first).
-  virtual std::vector<uint8_t> EncodeTrainingAgain(int part) = 0;
+  // Part `part` of step `step`'s training activation again, after Reset() (a reconnect): for the
+  // fresh stream (parts already sent again on it come first). The last two steps encoded can be.
+  virtual std::vector<uint8_t> EncodeTrainingAgain(int64_t step, int part) = 0;
   // An evaluation activation [rows, channels]: a self-contained message, no stream, no history.
   virtual std::vector<uint8_t> EncodeEvaluation(const torch::Tensor& x) const = 0;
   // The gradient has been backpropagated through the last *upstream: learned parts step.
@@ -158,13 +168,13 @@ class PlainClientCodec : public ClientCodec {
  public:
   PlainClientCodec(EncodeOptions options, BitsTable bits) : options_(options), bits_(std::move(bits)) {}
   Encoded EncodeTraining(const torch::Tensor& x, const SampleRows& samples, torch::Tensor* upstream) override;
-  std::vector<uint8_t> EncodeTrainingAgain(int part) override;
+  std::vector<uint8_t> EncodeTrainingAgain(int64_t step, int part) override;
   std::vector<uint8_t> EncodeEvaluation(const torch::Tensor& x) const override;
 
  private:
   EncodeOptions options_;
   BitsTable bits_;
-  StepParts<torch::Tensor> pending_;  // fp32 CPU copies of the step's training activations
+  StepParts<torch::Tensor> pending_;  // fp32 CPU copies of the steps' training activations
 };
 
 }  // namespace amaq::quant

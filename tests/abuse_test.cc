@@ -4,6 +4,8 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -201,6 +203,36 @@ TEST_F(Network, LinkResetsBetweenMicroBatchesLoseAndRepeatNoPart) {
   EXPECT_EQ(transport.relay()->resets(), 4u);
   EXPECT_EQ(split_->Stats().at("client-1").steps, 12) << "each step applied once";
   EXPECT_EQ(Losses(c), LossesWithoutNetwork(o, testing::ParityDataset(48)));
+}
+
+// One step stale (two steps in flight) over a link that breaks four times: the unanswered parts of
+// both steps are sent again (those the server has, answered from its store of its last two applied
+// steps), every step is applied once, and with the client's learning rate 0 (its weights never
+// move, so being stale changes nothing) the losses are exactly those of serial steps without a
+// network. The resets are armed by bytes, one after the other, wherever the run is by then.
+TEST_F(Network, OneStepStaleStepsSurviveLinkResets) {
+  StartServer();
+  client::GrpcTransport transport(ClientTransport(kToken1, port_));
+  client::ClientOptions o = ClientFor("client-1", "fixed:4:channel", 12);
+  o.micro_batches = 2;
+  o.lr = 0;
+  o.one_step_stale = true;
+  client::SplitClient c(o, testing::ParityDataset(48), transport);
+  std::atomic<bool> done{false};
+  std::thread faults([&] {
+    for (uint64_t k = 0; k < 4 && !done; ++k) {
+      transport.relay()->ResetAfter(8000 + 4000 * k);
+      while (transport.relay()->resets() == k && !done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+  c.Run();
+  done = true;
+  faults.join();
+  EXPECT_EQ(transport.relay()->resets(), 4u);
+  EXPECT_EQ(split_->Stats().at("client-1").steps, 12) << "each step applied once";
+  std::vector<float> losses = Losses(c);
+  losses.resize(12);  // the run's last record repeats the last step with the final metric
+  EXPECT_EQ(losses, LossesWithoutNetwork(o, testing::ParityDataset(48)));
 }
 
 TEST_F(Network, StalledClientIsTimedOutAndOthersKeepTraining) {

@@ -42,6 +42,28 @@ TEST(Amaq, InputGradientIsStraightThrough) {
   EXPECT_TRUE(torch::equal(x.grad(), w));
 }
 
+// A client one step stale quantizes step t + 1 before step t's gradient arrives, then steps the
+// gates in between: the later backward must run, and give the gate gradient of the gates its
+// forward used (as if the step had not happened).
+TEST(Amaq, ABackwardAfterTheGatesSteppedUsesTheGatesOfItsForward) {
+  torch::manual_seed(3);
+  AmaqOptions o = Fp32Scales();
+  o.alpha = 0.7;
+  const torch::Tensor first = torch::randn({30, 5}), second = torch::randn({30, 5}), w = torch::randn({30, 5});
+  AmaqQuantizer stale(5, o), fresh(5, o);
+  Encoder stale_encoder, fresh_encoder;
+  const torch::Tensor a = stale.Quantize(first, stale_encoder);
+  const torch::Tensor b = stale.Quantize(second, stale_encoder);
+  (a * w).sum().backward();
+  stale.Step();  // the gates change in place
+  stale.gates().mutable_grad().zero_();
+  ASSERT_NO_THROW((b * w).sum().backward());
+  fresh.Quantize(first, fresh_encoder);  // the same stream position as `second` had
+  (fresh.Quantize(second, fresh_encoder) * w).sum().backward();
+  EXPECT_FALSE(torch::equal(stale.gates(), fresh.gates())) << "the step must have moved the gates";
+  EXPECT_TRUE(torch::allclose(stale.gates().grad(), fresh.gates().grad(), 1e-6, 1e-7));
+}
+
 // The gate gradient is the LSQ estimator: the exact derivative of
 //   h(q) = sum w * (x + step(b(q)) * (code - u0)),  b(q) = round(b_cont(q0)) + b_cont(q) - b_cont(q0)
 // (codes frozen, rounding straight-through). Central differences of h must match it.

@@ -176,27 +176,38 @@ TEST(MethodCodecs, StochasticGradientsAreUnbiasedAcrossMessages) {
   EXPECT_NEAR(sum / messages, 0.3, 0.08);  // 0 or 1 with p = 0.3: standard error 0.023
 }
 
-// After a reconnect both sides start fresh streams: each part of the step, encoded again in order,
-// decodes on the server's new stream as it did on the old one (AQ-SGD resends its self-contained
-// frames).
-TEST(MethodCodecs, TheStepsPartsAreSentAgainOnAFreshStream) {
+// After a reconnect both sides start fresh streams: each part of the last two steps (a client one
+// step stale has both in flight), encoded again in order, decodes on the server's new stream as it
+// did on the old one (AQ-SGD resends its self-contained frames); older steps are gone.
+TEST(MethodCodecs, TheLastTwoStepsPartsAreSentAgainOnAFreshStream) {
   const torch::Tensor x = TestActivation();
   const torch::Tensor other = x.flip({0}) * 0.5;  // another part: other values, other samples
+  const torch::Tensor third = x * -0.25;
   for (const char* method : {"fixed:4:channel", "amaq:8->3", "aqsgd:4", "bf16"}) {
     const auto [client, server] = MakeHalves(method, x.size(1));
-    const SampleRows part0{2, 4, {10, 11}, 0}, part1{2, 4, {12, 13}, 1};
+    const SampleRows part0{2, 4, {10, 11}, 0, 7}, part1{2, 4, {12, 13}, 1, 7}, next0{2, 4, {14, 15}, 0, 8};
     torch::Tensor upstream;
     const Encoded first = client->EncodeTraining(x, part0, &upstream);
     const Encoded second = client->EncodeTraining(other, part1, &upstream);
+    const Encoded next = client->EncodeTraining(third, next0, &upstream);
     const auto decoded0 = server->DecodeTraining(first.bytes.data(), first.bytes.size(), part0, x.size(1)).values;
     const auto decoded1 = server->DecodeTraining(second.bytes.data(), second.bytes.size(), part1, x.size(1)).values;
+    const auto decoded_next = server->DecodeTraining(next.bytes.data(), next.bytes.size(), next0, x.size(1)).values;
     client->Reset();
     server->Reset();
-    const std::vector<uint8_t> again0 = client->EncodeTrainingAgain(0);
-    const std::vector<uint8_t> again1 = client->EncodeTrainingAgain(1);
+    const std::vector<uint8_t> again0 = client->EncodeTrainingAgain(7, 0);
+    const std::vector<uint8_t> again1 = client->EncodeTrainingAgain(7, 1);
+    const std::vector<uint8_t> again_next = client->EncodeTrainingAgain(8, 0);
     EXPECT_EQ(server->DecodeTraining(again0.data(), again0.size(), part0, x.size(1)).values, decoded0) << method;
     EXPECT_EQ(server->DecodeTraining(again1.data(), again1.size(), part1, x.size(1)).values, decoded1) << method;
-    EXPECT_THROW(client->EncodeTrainingAgain(2), Error) << method << ": a part never encoded";
+    EXPECT_EQ(server->DecodeTraining(again_next.data(), again_next.size(), next0, x.size(1)).values, decoded_next) << method;
+    EXPECT_THROW(client->EncodeTrainingAgain(7, 2), Error) << method << ": a part never encoded";
+    EXPECT_THROW(client->EncodeTrainingAgain(8, 1), Error) << method << ": a part never encoded";
+    client->EncodeTraining(x, SampleRows{2, 4, {10, 11}, 0, 9}, &upstream);
+    EXPECT_NO_THROW(client->EncodeTrainingAgain(8, 0)) << method << ": the step before the last";
+    EXPECT_THROW(client->EncodeTrainingAgain(7, 0), Error) << method << ": two steps back";
+    EXPECT_THROW(client->EncodeTraining(x, SampleRows{2, 4, {10, 11}, 2, 9}, &upstream), Error)
+        << method << ": part 2 of a step after its part 0 alone";
   }
 }
 

@@ -129,6 +129,66 @@ TEST(SplitTraining, MicroBatchesGiveTheUpdateOfTheWholeStep) {
   }
 }
 
+// One step stale: Run begins step t + 1 (forward, send) before step t's answer has come back, on
+// the client's LoRA from before step t's update. With the client's learning rate 0 its weights
+// never move, so a stale run must give the serial run's losses exactly (two steps in flight, each
+// answered with its own gradient). With a learning rate, step 1's loss must be that of a client
+// whose weights did not move at step 0 (the server's step 0 is the same), not the serial run's;
+// the stale steps still train the client's weights, and the server applies every step once.
+TEST(SplitTraining, AOneStepStaleStepForwardsOnTheWeightsFromBeforeTheStepAhead) {
+  const std::string dir = testing::TinyModelDir("one-step-stale");
+  const Dataset data = testing::ParityDataset(48);
+  struct Run {
+    std::vector<float> losses;
+    NamedFloats client_before, client_after;
+  };
+  const auto run = [&](double lr, bool stale) {
+    server::SplitServer server(ServerFor(dir));
+    client::LocalTransport transport(server);
+    client::ClientOptions o = ClientFor(dir, "fixed:8:channel", 6);
+    o.micro_batches = 2;
+    o.lr = lr;
+    o.one_step_stale = stale;
+    client::SplitClient client(o, data, transport);
+    Run r;
+    r.client_before = client.Adapter();
+    client.Run();
+    for (const auto& record : client.records()) {
+      if (r.losses.size() < 6) r.losses.push_back(record.loss);
+    }
+    r.client_after = client.Adapter();
+    EXPECT_EQ(server.AdapterOf("client-0").applied_steps, 6);
+    return r;
+  };
+  const Run frozen = run(0, false), frozen_stale = run(0, true);
+  EXPECT_EQ(frozen_stale.losses, frozen.losses);
+  const Run serial = run(1e-2, false), stale = run(1e-2, true);
+  EXPECT_EQ(stale.losses[0], serial.losses[0]);
+  EXPECT_EQ(stale.losses[1], frozen.losses[1]) << "step 1 ran on the weights from before step 0's update";
+  EXPECT_NE(stale.losses[1], serial.losses[1]);
+  const auto same = [](const NamedFloats& a, const NamedFloats& b) {
+    return std::all_of(a.begin(), a.end(), [&](const auto& entry) { return entry.second.values == b.at(entry.first).values; });
+  };
+  EXPECT_TRUE(same(frozen_stale.client_after, frozen_stale.client_before));
+  EXPECT_FALSE(same(stale.client_after, stale.client_before)) << "the stale steps' gradients reach the client's weights";
+}
+
+TEST(SplitTraining, OneStepStaleWithRecomputedLayersIsRefused) {
+  const std::string dir = testing::TinyModelDir("one-step-stale");
+  server::SplitServer server(ServerFor(dir));
+  client::LocalTransport transport(server);
+  client::ClientOptions o = ClientFor(dir, "fp32", 2);
+  o.one_step_stale = true;
+  o.recompute_layers = true;
+  try {
+    client::SplitClient client(o, testing::ParityDataset(8), transport);
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("turn one of them off"), std::string::npos) << e.what();
+  }
+}
+
 // NF4 bases on both sides (the client recomputing its layers) follow local training on the same
 // NF4 base: each side quantizes the checkpoint alike, and recomputation changes no gradient.
 TEST(SplitTraining, Nf4SplitWithRecomputationFollowsLocalNf4Training) {

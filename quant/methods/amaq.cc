@@ -15,13 +15,13 @@ class AmaqClientCodec : public ClientCodec {
   AmaqClientCodec(int64_t channels, AmaqOptions options) : quantizer_(channels, options), gates_(channels) {}
 
   Encoded EncodeTraining(const torch::Tensor& x, const SampleRows& samples, torch::Tensor* upstream) override {
-    pending_.Put(samples.part, {x.detach().to(torch::kCPU, torch::kFloat).contiguous(), quantizer_.IntegerBits(x.size(0))});
+    pending_.Put(samples.step, samples.part, {x.detach().to(torch::kCPU, torch::kFloat).contiguous(), quantizer_.IntegerBits(x.size(0))});
     Encoded e;
     *upstream = quantizer_.Quantize(x, activation_stream_, &e);
     return e;
   }
-  std::vector<uint8_t> EncodeTrainingAgain(int part) override {
-    const Pending& p = pending_.At(part);
+  std::vector<uint8_t> EncodeTrainingAgain(int64_t step, int part) override {
+    const Pending& p = pending_.At(step, part);
     return EncodeTensor(activation_stream_, p.x, p.bits, quantizer_.WireOptions()).bytes;
   }
   std::vector<uint8_t> EncodeEvaluation(const torch::Tensor& x) const override {
@@ -53,7 +53,7 @@ class AmaqClientCodec : public ClientCodec {
  private:
   AmaqQuantizer quantizer_;
   struct Pending {
-    torch::Tensor x;  // fp32 CPU copy of a training activation of the step
+    torch::Tensor x;  // fp32 CPU copy of a training activation
     BitsTable bits;   // its widths
   };
   StepParts<Pending> pending_;

@@ -20,12 +20,12 @@ class AqsgdClientCodec : public ClientCodec {
 
   Encoded EncodeTraining(const torch::Tensor& x, const SampleRows& samples, torch::Tensor* upstream) override {
     const torch::Tensor cpu = x.detach().to(torch::kCPU, torch::kFloat).contiguous();
-    pending_.Put(samples.part, sender_->Encode(cpu.data_ptr<float>(), samples.ids, samples.tokens, x.size(1)));
+    pending_.Put(samples.step, samples.part, sender_->Encode(cpu.data_ptr<float>(), samples.ids, samples.tokens, x.size(1)));
     *upstream = x;
-    return pending_.At(samples.part);
+    return pending_.At(samples.step, samples.part);
   }
   // Frames are self-contained: the same bytes are valid on a fresh stream.
-  std::vector<uint8_t> EncodeTrainingAgain(int part) override { return pending_.At(part).bytes; }
+  std::vector<uint8_t> EncodeTrainingAgain(int64_t step, int part) override { return pending_.At(step, part).bytes; }
   std::vector<uint8_t> EncodeEvaluation(const torch::Tensor& x) const override {
     Encoder stateless;  // evaluation samples have no AQ-SGD history
     return EncodeTensor(stateless, x, BitsTable{}, Bf16()).bytes;
