@@ -176,8 +176,8 @@ struct SplitClient::InFlight {
   Batch batch;
   std::vector<Part> parts;
   std::vector<Sent> sent;  // the parts forwarded and encoded, in order
-  // A copy of the client's LoRA weights the forward used in their place (a step begun before the
-  // one ahead of it applied its update); empty: the forward used the weights themselves.
+  // The LoRA weights the forward used in place of the client's (a prediction, for a step begun
+  // before the one ahead of it applied its update); empty: the forward used the weights themselves.
   std::vector<torch::Tensor> stashed;
   int64_t join = 0;                  // the join whose stream its parts went out on
   std::optional<std::string> unsent;  // why its parts stopped going out (a broken link)
@@ -231,7 +231,13 @@ SplitClient::InFlight SplitClient::Begin(int64_t step, bool stash) {
   f.r.applied = step >= client_next_;
   if (stash) {
     torch::NoGradGuard no_grad;
-    for (const torch::Tensor& w : part_->TrainableParameters()) f.stashed.push_back(w.detach().clone().requires_grad_(true));
+    // The weights as the step ahead's update will leave them, predicted: plus the last update.
+    const std::vector<torch::Tensor> weights = part_->TrainableParameters();
+    for (size_t i = 0; i < weights.size(); ++i) {
+      torch::Tensor w = weights[i].detach().clone();
+      if (i < last_update_.size()) w += last_update_[i];
+      f.stashed.push_back(w.requires_grad_(true));
+    }
   } else if (f.r.applied && optimizer_) {
     optimizer_->zero_grad();
   }
@@ -303,7 +309,13 @@ StepRecord SplitClient::Finish(InFlight& f) {
         weights[i].mutable_grad() = g.defined() ? g : torch::zeros_like(weights[i]);
       }
       if (options_.max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(weights, options_.max_grad_norm);
+      std::vector<torch::Tensor> before;  // one step stale: the update predicts the next one
+      if (options_.one_step_stale) {
+        for (const torch::Tensor& w : weights) before.push_back(w.detach().clone());
+      }
       optimizer_->step();
+      last_update_.clear();
+      for (size_t i = 0; i < before.size(); ++i) last_update_.push_back(weights[i].detach() - before[i]);
     }
     client_next_ = r.step + 1;
   }

@@ -11,13 +11,15 @@
 // loss, average bits, and the metric when measured) and checkpoints are written every
 // checkpoint_every steps; a reconnect after a broken link retries the step with backoff.
 //
-// One step stale (one_step_stale, PipeDream's weight stashing): Run begins step t + 1 (forward,
-// encode, send) while step t is in flight, so the client's and the link's work overlap the
-// server's across steps. Step t + 1's forward and its gradient then use the client's LoRA weights
-// and AMAQ gates from before step t's update (a copy of the weights is kept for its backward); the
-// gradient is applied to the weights as they are after step t. The server applies every step on
-// its current weights, as always. No step is in flight across an evaluation, an adapter
-// averaging or a checkpoint, nor right after a broken link.
+// One step stale (one_step_stale): Run begins step t + 1 (forward, encode, send) while step t is in
+// flight, so the client's and the link's work overlap the server's across steps. Step t + 1's
+// forward and its gradient cannot use the weights step t's update will give: they use a
+// prediction of them, the client's LoRA weights plus the last update (AdamW's successive updates
+// are close; SpecTrain's and PipeMare's weight prediction), kept as a copy for its backward
+// (PipeDream's weight stashing), and AMAQ's gates from before step t's update. The gradient is
+// applied to the weights as they are after step t. The server applies every step on its current
+// weights, as always. No step is in flight across an evaluation, an adapter averaging or a
+// checkpoint, nor right after a broken link.
 #pragma once
 
 #include <torch/torch.h>
@@ -141,8 +143,8 @@ class SplitClient {
   std::vector<Part> PartsOf(const Batch& b) const;
   struct InFlight;
   // Forwards step `step`'s parts and sends each as it is ready (`stash`: forward with a copy of
-  // the LoRA weights, so that the step ahead may update them before this one's backward). A broken
-  // link stops the sending; Finish sends the rest.
+  // the LoRA weights plus the last update, so that the step ahead may update them before this
+  // one's backward). A broken link stops the sending; Finish sends the rest.
   InFlight Begin(int64_t step, bool stash);
   // Part p of f forwarded and encoded, appended to f's parts sent.
   void Prepare(InFlight& f, size_t p);
@@ -185,6 +187,8 @@ class SplitClient {
   std::ofstream csv_;
   CutStatistics* cut_statistics_ = nullptr;
   int64_t client_next_ = 0;  // the first step whose update the client's weights do not hold
+  // One step stale: what the last optimizer step added to each LoRA weight (empty before the first).
+  std::vector<torch::Tensor> last_update_;
   int64_t joins_ = 0;        // joins so far: a step sent on an earlier join's stream was lost with it
   std::chrono::steady_clock::time_point finished_at_;  // when the last step finished
 };

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <map>
 
 #include "client/local_transport.h"
 #include "client/split_client.h"
@@ -14,6 +15,7 @@
 #include "common/model/finetune.h"
 #include "quant/checksum.h"
 #include "quant/method.h"
+#include "quant/tensor_codec.h"
 #include "server/split_server.h"
 #include "tiny_model.h"
 
@@ -130,7 +132,8 @@ TEST(SplitTraining, MicroBatchesGiveTheUpdateOfTheWholeStep) {
 }
 
 // One step stale: Run begins step t + 1 (forward, send) before step t's answer has come back, on
-// the client's LoRA from before step t's update. With the client's learning rate 0 its weights
+// the client's LoRA predicted for after step t's update (below); at step 1 there is no update to
+// predict from, so it runs on the weights from before step 0's update. With the client's learning rate 0 its weights
 // never move, so a stale run must give the serial run's losses exactly (two steps in flight, each
 // answered with its own gradient). With a learning rate, step 1's loss must be that of a client
 // whose weights did not move at step 0 (the server's step 0 is the same), not the serial run's;
@@ -171,6 +174,68 @@ TEST(SplitTraining, AOneStepStaleStepForwardsOnTheWeightsFromBeforeTheStepAhead)
   };
   EXPECT_TRUE(same(frozen_stale.client_after, frozen_stale.client_before));
   EXPECT_FALSE(same(stale.client_after, stale.client_before)) << "the stale steps' gradients reach the client's weights";
+}
+
+// What a client sent: each step's first part's activation, and the client's LoRA at that moment
+// (`client`, when set); SyncAdapters answers `preset`.
+struct CapturingTransport : client::LocalTransport {
+  using client::LocalTransport::LocalTransport;
+  void Send(const StepInput& in) override {
+    if (in.kind == StepKind::kTrain && in.micro_batch == 0 && !activations.count(in.step_id)) {
+      activations[in.step_id] = in.activation;
+      if (client) weights[in.step_id] = client->Adapter();
+    }
+    client::LocalTransport::Send(in);
+  }
+  NamedFloats SyncAdapters(const NamedFloats&) override { return preset; }
+  client::SplitClient* client = nullptr;
+  std::map<int64_t, std::vector<uint8_t>> activations;
+  std::map<int64_t, NamedFloats> weights;
+  NamedFloats preset;
+};
+
+// Step 2 of a stale run begins after step 0's update (weights W1) and before step 1's: its forward
+// runs on the prediction W1 + (W1 - W0), the last update added once more. A serial client given
+// exactly those weights sends the same activation for step 2 (fp32 on the wire, so it is exact).
+TEST(SplitTraining, AOneStepStaleStepForwardsOnTheWeightsPlusTheLastUpdate) {
+  const std::string dir = testing::TinyModelDir("one-step-stale");
+  const Dataset data = testing::ParityDataset(48);
+  client::ClientOptions o = ClientFor(dir, "fp32", 4);
+  o.micro_batches = 1;
+  o.one_step_stale = true;
+  server::SplitServer server(ServerFor(dir));
+  CapturingTransport stale_transport(server);
+  client::SplitClient stale(o, data, stale_transport);
+  stale_transport.client = &stale;
+  stale.Run();
+  // Begin(1) ran before step 0's update (W0), Begin(2) after it (W1).
+  const NamedFloats& w0 = stale_transport.weights.at(1);
+  const NamedFloats& w1 = stale_transport.weights.at(2);
+  NamedFloats predicted = w1;
+  double moved = 0;
+  for (auto& [name, t] : predicted) {
+    for (size_t i = 0; i < t.values.size(); ++i) {
+      t.values[i] = w1.at(name).values[i] + (w1.at(name).values[i] - w0.at(name).values[i]);
+      moved += std::fabs(w1.at(name).values[i] - w0.at(name).values[i]);
+    }
+  }
+  ASSERT_GT(moved, 0) << "step 0 must have moved the weights";
+
+  server::SplitServer fresh(ServerFor(dir));
+  CapturingTransport reference_transport(fresh);
+  reference_transport.preset = predicted;
+  o.one_step_stale = false;
+  client::SplitClient reference(o, data, reference_transport);
+  reference.Join();
+  reference.SyncAdapters();  // its weights become the prediction
+  EXPECT_THROW(reference.TrainStep(2), Error) << "a fresh server refuses step 2; its activation was sent";
+  const auto decoded = [](const std::vector<uint8_t>& bytes) {
+    quant::Decoder decoder;
+    return quant::DecodeTensor(decoder, bytes.data(), bytes.size());
+  };
+  const torch::Tensor sent = decoded(stale_transport.activations.at(2));
+  EXPECT_TRUE(torch::allclose(sent, decoded(reference_transport.activations.at(2)), 1e-5, 1e-6));
+  EXPECT_FALSE(torch::allclose(sent, decoded(stale_transport.activations.at(1)), 1e-3, 1e-3)) << "another batch";
 }
 
 TEST(SplitTraining, OneStepStaleWithRecomputedLayersIsRefused) {
