@@ -55,8 +55,10 @@ template <typename T>
 class StepParts {
  public:
   void Put(int64_t step, int part, T value) {
-    if (part == 0) {
-      for (auto it = steps_.begin(); it != steps_.end();) it = it->first == step - 1 ? std::next(it) : steps_.erase(it);
+    if (part == 0) {  // a new step, or this one afresh: keep the one before it only
+      for (auto it = steps_.begin(); it != steps_.end();) {
+        it = it->first == step - 1 ? std::next(it) : steps_.erase(it);
+      }
       steps_[step];
     }
     const auto it = steps_.find(step);

@@ -15,7 +15,8 @@ class AmaqClientCodec : public ClientCodec {
   AmaqClientCodec(int64_t channels, AmaqOptions options) : quantizer_(channels, options), gates_(channels) {}
 
   Encoded EncodeTraining(const torch::Tensor& x, const SampleRows& samples, torch::Tensor* upstream) override {
-    pending_.Put(samples.step, samples.part, {x.detach().to(torch::kCPU, torch::kFloat).contiguous(), quantizer_.IntegerBits(x.size(0))});
+    pending_.Put(samples.step, samples.part,
+                 {x.detach().to(torch::kCPU, torch::kFloat).contiguous(), quantizer_.IntegerBits(x.size(0))});
     Encoded e;
     *upstream = quantizer_.Quantize(x, activation_stream_, &e);
     return e;

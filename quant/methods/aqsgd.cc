@@ -20,7 +20,8 @@ class AqsgdClientCodec : public ClientCodec {
 
   Encoded EncodeTraining(const torch::Tensor& x, const SampleRows& samples, torch::Tensor* upstream) override {
     const torch::Tensor cpu = x.detach().to(torch::kCPU, torch::kFloat).contiguous();
-    pending_.Put(samples.step, samples.part, sender_->Encode(cpu.data_ptr<float>(), samples.ids, samples.tokens, x.size(1)));
+    pending_.Put(samples.step, samples.part,
+                 sender_->Encode(cpu.data_ptr<float>(), samples.ids, samples.tokens, x.size(1)));
     *upstream = x;
     return pending_.At(samples.step, samples.part);
   }
