@@ -452,6 +452,7 @@ void SplitClient::SaveCheckpoint(int64_t next_step) {
     optimizer_->save(opt);
     archive.write("optimizer", opt);
   }
+  for (size_t i = 0; i < last_update_.size(); ++i) archive.write("last_update." + std::to_string(i), last_update_[i]);
   codec_->Save(archive);
   std::ostringstream bytes;
   archive.save_to(bytes);
@@ -478,6 +479,12 @@ int64_t SplitClient::LoadCheckpoint() {
     torch::serialize::InputArchive opt;
     archive.read("optimizer", opt);
     optimizer_->load(opt);
+  }
+  last_update_.clear();  // one step stale's prediction (absent from checkpoints without one)
+  while (true) {
+    torch::Tensor update;  // a fresh one each time: try_read reads into a defined tensor in place
+    if (!archive.try_read("last_update." + std::to_string(last_update_.size()), update)) break;
+    last_update_.push_back(update);
   }
   torch::Tensor next;
   archive.read("next_step", next);

@@ -188,7 +188,7 @@ class SplitClient {
   CutStatistics* cut_statistics_ = nullptr;
   int64_t client_next_ = 0;  // the first step whose update the client's weights do not hold
   // One step stale: what the last optimizer step added to each LoRA weight (empty before the
-  // first; not in checkpoints, so a resumed run's first stale step goes unpredicted).
+  // first; kept in checkpoints, so a resumed run predicts as the uninterrupted one).
   std::vector<torch::Tensor> last_update_;
   int64_t joins_ = 0;        // joins so far: a step sent on an earlier join's stream was lost with it
   std::chrono::steady_clock::time_point finished_at_;  // when the last step finished

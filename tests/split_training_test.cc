@@ -238,6 +238,36 @@ TEST(SplitTraining, AOneStepStaleStepForwardsOnTheWeightsPlusTheLastUpdate) {
   EXPECT_FALSE(torch::allclose(sent, decoded(stale_transport.activations.at(1)), 1e-3, 1e-3)) << "another batch";
 }
 
+// The prediction survives a restart: a stale run stopped after 2 steps (its checkpoint holds step
+// 1's update) and resumed sends for step 3 (begun before step 2's update, predicted from step 1's)
+// the activation the uninterrupted run sent.
+TEST(SplitTraining, AResumedOneStepStaleRunPredictsAsTheUninterruptedOne) {
+  const std::string dir = testing::TinyModelDir("one-step-stale");
+  const Dataset data = testing::ParityDataset(48);
+  client::ClientOptions o = ClientFor(dir, "fp32", 4);
+  o.micro_batches = 1;
+  o.one_step_stale = true;
+  o.checkpoint_every = 2;
+  o.checkpoint_dir = testing::TempDir("stale-uninterrupted");
+  server::SplitServer uninterrupted_server(ServerFor(dir));
+  CapturingTransport uninterrupted(uninterrupted_server);
+  client::SplitClient(o, data, uninterrupted).Run();
+
+  o.checkpoint_dir = testing::TempDir("stale-resumed");
+  server::SplitServer server(ServerFor(dir));
+  CapturingTransport resumed(server);
+  o.steps = 2;
+  client::SplitClient(o, data, resumed).Run();
+  o.steps = 4;
+  client::SplitClient(o, data, resumed).Run();
+  EXPECT_EQ(server.AdapterOf("client-0").applied_steps, 4);
+  quant::Decoder a, b;
+  const std::vector<uint8_t>& expected = uninterrupted.activations.at(3);
+  const std::vector<uint8_t>& got = resumed.activations.at(3);
+  EXPECT_TRUE(torch::allclose(quant::DecodeTensor(a, got.data(), got.size()),
+                              quant::DecodeTensor(b, expected.data(), expected.size()), 1e-6, 1e-7));
+}
+
 TEST(SplitTraining, OneStepStaleWithRecomputedLayersIsRefused) {
   const std::string dir = testing::TinyModelDir("one-step-stale");
   server::SplitServer server(ServerFor(dir));
