@@ -275,7 +275,8 @@ StepRecord SplitClient::Finish(InFlight& f) {
   // each remaining part again, one at a time, with Exchange's retries and backoff. Parts sent
   // before an earlier rejoin were lost with their stream.
   size_t answered = 0;
-  std::optional<std::string> lost = f.join != joins_ ? std::optional<std::string>("the link broke while it was in flight") : f.unsent;
+  std::optional<std::string> lost = f.unsent;
+  if (f.join != joins_) lost = "the link broke while it was in flight";
   if (!lost) {
     try {
       for (; answered < f.parts.size(); ++answered) apply(f.sent[answered], transport_.Receive());

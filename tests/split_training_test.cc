@@ -170,7 +170,8 @@ TEST(SplitTraining, AOneStepStaleStepForwardsOnTheWeightsFromBeforeTheStepAhead)
   EXPECT_EQ(stale.losses[1], frozen.losses[1]) << "step 1 ran on the weights from before step 0's update";
   EXPECT_NE(stale.losses[1], serial.losses[1]);
   const auto same = [](const NamedFloats& a, const NamedFloats& b) {
-    return std::all_of(a.begin(), a.end(), [&](const auto& entry) { return entry.second.values == b.at(entry.first).values; });
+    return std::all_of(a.begin(), a.end(),
+                       [&](const auto& entry) { return entry.second.values == b.at(entry.first).values; });
   };
   EXPECT_TRUE(same(frozen_stale.client_after, frozen_stale.client_before));
   EXPECT_FALSE(same(stale.client_after, stale.client_before)) << "the stale steps' gradients reach the client's weights";
@@ -194,15 +195,26 @@ struct CapturingTransport : client::LocalTransport {
   NamedFloats preset;
 };
 
+// A client one step stale with whole steps sent as fp32 (the activations on the wire are exact).
+client::ClientOptions StaleFp32Client(const std::string& dir) {
+  client::ClientOptions o = ClientFor(dir, "fp32", 4);
+  o.micro_batches = 1;
+  o.one_step_stale = true;
+  return o;
+}
+
+torch::Tensor DecodedActivation(const std::vector<uint8_t>& bytes) {
+  quant::Decoder decoder;
+  return quant::DecodeTensor(decoder, bytes.data(), bytes.size());
+}
+
 // Step 2 of a stale run begins after step 0's update (weights W1) and before step 1's: its forward
 // runs on the prediction W1 + (W1 - W0), the last update added once more. A serial client given
 // exactly those weights sends the same activation for step 2 (fp32 on the wire, so it is exact).
 TEST(SplitTraining, AOneStepStaleStepForwardsOnTheWeightsPlusTheLastUpdate) {
   const std::string dir = testing::TinyModelDir("one-step-stale");
   const Dataset data = testing::ParityDataset(48);
-  client::ClientOptions o = ClientFor(dir, "fp32", 4);
-  o.micro_batches = 1;
-  o.one_step_stale = true;
+  client::ClientOptions o = StaleFp32Client(dir);
   server::SplitServer server(ServerFor(dir));
   CapturingTransport stale_transport(server);
   client::SplitClient stale(o, data, stale_transport);
@@ -229,13 +241,9 @@ TEST(SplitTraining, AOneStepStaleStepForwardsOnTheWeightsPlusTheLastUpdate) {
   reference.Join();
   reference.SyncAdapters();  // its weights become the prediction
   EXPECT_THROW(reference.TrainStep(2), Error) << "a fresh server refuses step 2; its activation was sent";
-  const auto decoded = [](const std::vector<uint8_t>& bytes) {
-    quant::Decoder decoder;
-    return quant::DecodeTensor(decoder, bytes.data(), bytes.size());
-  };
-  const torch::Tensor sent = decoded(stale_transport.activations.at(2));
-  EXPECT_TRUE(torch::allclose(sent, decoded(reference_transport.activations.at(2)), 1e-5, 1e-6));
-  EXPECT_FALSE(torch::allclose(sent, decoded(stale_transport.activations.at(1)), 1e-3, 1e-3)) << "another batch";
+  const torch::Tensor sent = DecodedActivation(stale_transport.activations.at(2));
+  EXPECT_TRUE(torch::allclose(sent, DecodedActivation(reference_transport.activations.at(2)), 1e-5, 1e-6));
+  EXPECT_FALSE(torch::allclose(sent, DecodedActivation(stale_transport.activations.at(1)), 1e-3, 1e-3)) << "another batch";
 }
 
 // The prediction survives a restart: a stale run stopped after 2 steps (its checkpoint holds step
@@ -244,9 +252,7 @@ TEST(SplitTraining, AOneStepStaleStepForwardsOnTheWeightsPlusTheLastUpdate) {
 TEST(SplitTraining, AResumedOneStepStaleRunPredictsAsTheUninterruptedOne) {
   const std::string dir = testing::TinyModelDir("one-step-stale");
   const Dataset data = testing::ParityDataset(48);
-  client::ClientOptions o = ClientFor(dir, "fp32", 4);
-  o.micro_batches = 1;
-  o.one_step_stale = true;
+  client::ClientOptions o = StaleFp32Client(dir);
   o.checkpoint_every = 2;
   o.checkpoint_dir = testing::TempDir("stale-uninterrupted");
   server::SplitServer uninterrupted_server(ServerFor(dir));
@@ -261,11 +267,8 @@ TEST(SplitTraining, AResumedOneStepStaleRunPredictsAsTheUninterruptedOne) {
   o.steps = 4;
   client::SplitClient(o, data, resumed).Run();
   EXPECT_EQ(server.AdapterOf("client-0").applied_steps, 4);
-  quant::Decoder a, b;
-  const std::vector<uint8_t>& expected = uninterrupted.activations.at(3);
-  const std::vector<uint8_t>& got = resumed.activations.at(3);
-  EXPECT_TRUE(torch::allclose(quant::DecodeTensor(a, got.data(), got.size()),
-                              quant::DecodeTensor(b, expected.data(), expected.size()), 1e-6, 1e-7));
+  EXPECT_TRUE(torch::allclose(DecodedActivation(resumed.activations.at(3)),
+                              DecodedActivation(uninterrupted.activations.at(3)), 1e-6, 1e-7));
 }
 
 TEST(SplitTraining, OneStepStaleWithRecomputedLayersIsRefused) {
