@@ -26,6 +26,11 @@ using Clock = std::chrono::steady_clock;
 
 double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+// A broken link, or a server asking to slow down: what was in flight is sent again.
+bool SendAgainAfter(const Error& e) {
+  return e.code() == ErrorCode::kUnavailable || e.code() == ErrorCode::kResourceExhausted;
+}
+
 std::vector<int32_t> Flat(const torch::Tensor& t) {
   const torch::Tensor c = t.to(torch::kInt).contiguous();
   return std::vector<int32_t>(c.data_ptr<int32_t>(), c.data_ptr<int32_t>() + c.numel());
@@ -249,7 +254,7 @@ SplitClient::InFlight SplitClient::Begin(int64_t step, bool stash) {
       transport_.Send(f.sent.back().input);
     }
   } catch (const Error& e) {
-    if (e.code() != ErrorCode::kUnavailable && e.code() != ErrorCode::kResourceExhausted) throw;
+    if (!SendAgainAfter(e)) throw;
     f.unsent = e.what();  // Finish sends the rest
   }
   return f;
@@ -281,9 +286,8 @@ StepRecord SplitClient::Finish(InFlight& f) {
     try {
       for (; answered < f.parts.size(); ++answered) apply(f.sent[answered], transport_.Receive());
     } catch (const Error& e) {
-      // A broken link, or a server asking to slow down: the parts not answered are sent again.
-      if (e.code() != ErrorCode::kUnavailable && e.code() != ErrorCode::kResourceExhausted) throw;
-      lost = e.what();
+      if (!SendAgainAfter(e)) throw;
+      lost = e.what();  // the parts not answered are sent again
     }
   }
   if (lost) {
