@@ -22,21 +22,22 @@ namespace {
 
 }  // namespace
 
-void WriteFileAtomically(const std::string& path,
-                         const std::vector<std::pair<const void*, size_t>>& parts) {
+void WriteFileAtomically(const std::string& path, const std::function<void(const ByteSink&)>& produce) {
   const std::filesystem::path target(path);
   const std::string dir = target.parent_path().empty() ? "." : target.parent_path().string();
   std::string temp = (std::filesystem::path(dir) / ("." + target.filename().string() + ".tmpXXXXXX")).string();
   const int fd = mkstemp(temp.data());
   if (fd < 0) Fail("create a temporary file next to", path);
+  bool abandoned = false;  // the temporary file is closed and removed
   const auto abandon = [&](const char* what) {
     const int saved = errno;
+    abandoned = true;
     close(fd);
     unlink(temp.c_str());
     errno = saved;
     Fail(what, path);
   };
-  for (const auto& [data, size] : parts) {
+  const ByteSink sink = [&](const void* data, size_t size) {
     const char* p = static_cast<const char*>(data);
     size_t left = size;
     while (left > 0) {
@@ -46,6 +47,15 @@ void WriteFileAtomically(const std::string& path,
       p += n;
       left -= static_cast<size_t>(n);
     }
+  };
+  try {
+    produce(sink);
+  } catch (...) {
+    if (!abandoned) {
+      close(fd);
+      unlink(temp.c_str());
+    }
+    throw;
   }
   if (fsync(fd) != 0) abandon("flush");
   if (fchmod(fd, 0644) != 0) abandon("set permissions of");
@@ -64,6 +74,13 @@ void WriteFileAtomically(const std::string& path,
     fsync(dir_fd);
     close(dir_fd);
   }
+}
+
+void WriteFileAtomically(const std::string& path,
+                         const std::vector<std::pair<const void*, size_t>>& parts) {
+  WriteFileAtomically(path, [&](const ByteSink& sink) {
+    for (const auto& [data, size] : parts) sink(data, size);
+  });
 }
 
 void RequireWritableDirectory(const std::string& dir, const std::string& key) {

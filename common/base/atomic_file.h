@@ -6,10 +6,18 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 namespace amaq {
+
+// Appends bytes to the file being written.
+using ByteSink = std::function<void(const void* data, size_t size)>;
+
+// Writes to `path` atomically what `produce` passes to its sink, in order, so that a large file
+// need not be in memory at once. An exception from `produce` leaves the old file and goes on.
+void WriteFileAtomically(const std::string& path, const std::function<void(const ByteSink&)>& produce);
 
 // Writes the concatenation of `parts` (pointer, size) to `path` atomically.
 void WriteFileAtomically(const std::string& path,
