@@ -3,10 +3,82 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
+#include "common/base/atomic_file.h"
 #include "common/base/error.h"
+#include "quant/checksum.h"
 
 namespace amaq::quant {
+namespace {
+
+constexpr uint32_t kFileMagic = 0x43535141;  // "AQSC"
+constexpr uint8_t kFileVersion = 1;
+
+// Reads a cache file front to back, checking each read against the file's end and hashing it.
+class CacheFileReader {
+ public:
+  explicit CacheFileReader(const std::string& path) : path_(path), in_(path, std::ios::binary) {
+    std::error_code ec;
+    left_ = std::filesystem::file_size(path, ec);
+    Require(in_.is_open() && !ec, ErrorCode::kNotFound, "AQ-SGD cache file '" + path + "' cannot be read");
+  }
+  template <typename T>
+  T Get() {
+    T value;
+    Read(&value, sizeof value);
+    return value;
+  }
+  void Read(void* out, uint64_t size) {
+    Require(size <= left_, ErrorCode::kDataLoss, Malformed("it ends early"));
+    in_.read(static_cast<char*>(out), static_cast<std::streamsize>(size));
+    Require(in_.good(), ErrorCode::kDataLoss, Malformed("it could not be read to its end"));
+    hash_.Update(out, size);
+    left_ -= size;
+  }
+  uint64_t left() const { return left_; }
+  uint64_t digest() const { return hash_.Digest(); }
+  std::string Malformed(const std::string& why) const {
+    return "AQ-SGD cache file '" + path_ + "' is malformed (" + why + "): delete it; the cache then fills again";
+  }
+
+ private:
+  std::string path_;
+  std::ifstream in_;
+  uint64_t left_ = 0;
+  WireChecksumStream hash_;
+};
+
+// One entry of a cache file: its id, tag and values.
+struct FileEntry {
+  uint64_t id = 0, tag = 0;
+  std::vector<float> values;
+};
+
+// Reads the file's entries in order, checking its header and shape as it goes and its checksum at
+// the end: `take` gets each entry as it is read, so a caller that must not act on a corrupted file
+// reads it twice.
+void ReadCacheFile(const std::string& path, const std::function<void(FileEntry&)>& take) {
+  CacheFileReader r(path);
+  Require(r.Get<uint32_t>() == kFileMagic && r.Get<uint8_t>() == kFileVersion, ErrorCode::kDataLoss,
+          r.Malformed("not an AQ-SGD cache file of version 1"));
+  const auto entries = r.Get<uint64_t>();
+  FileEntry e;
+  for (uint64_t i = 0; i < entries; ++i) {
+    e.id = r.Get<uint64_t>();
+    e.tag = r.Get<uint64_t>();
+    const auto count = r.Get<uint64_t>();
+    Require(count <= r.left() / sizeof(float), ErrorCode::kDataLoss, r.Malformed("an entry is longer than the file"));
+    e.values.resize(count);
+    r.Read(e.values.data(), count * sizeof(float));
+    take(e);
+  }
+  const uint64_t digest = r.digest();
+  Require(r.Get<uint64_t>() == digest && r.left() == 0, ErrorCode::kDataLoss,
+          r.Malformed("its checksum does not match or bytes follow it"));
+}
+
+}  // namespace
 
 ActivationCache::ActivationCache(uint64_t memory_limit_bytes, std::string spill_dir)
     : memory_limit_(memory_limit_bytes), spill_dir_(std::move(spill_dir)) {
@@ -35,20 +107,30 @@ void ActivationCache::Touch(uint64_t id, Entry& entry) {
   entry.lru = lru_.begin();
 }
 
+std::optional<uint64_t> ActivationCache::TagOf(uint64_t id) const {
+  const auto it = entries_.find(id);
+  if (it == entries_.end()) return std::nullopt;
+  return it->second.tag;
+}
+
+void ActivationCache::ReadSpilled(uint64_t id, const Entry& entry, std::vector<float>* values) const {
+  const std::string path = SpillPath(id);
+  std::ifstream in(path, std::ios::binary);
+  values->resize(entry.bytes / sizeof(float));
+  in.read(reinterpret_cast<char*>(values->data()), static_cast<std::streamsize>(entry.bytes));
+  Require(in.good(), ErrorCode::kDataLoss,
+          "AQ-SGD spill file '" + path + "' is missing or short: the cache entry of sample " + std::to_string(id) +
+              " is lost; restart the run's AQ-SGD warm-up");
+}
+
 std::vector<float>* ActivationCache::Find(uint64_t id) {
   auto it = entries_.find(id);
   if (it == entries_.end()) return nullptr;
   Entry& entry = it->second;
   Touch(id, entry);
   if (entry.on_disk) {
-    const std::string path = SpillPath(id);
-    std::ifstream in(path, std::ios::binary);
-    entry.values.resize(entry.bytes / sizeof(float));
-    in.read(reinterpret_cast<char*>(entry.values.data()), static_cast<std::streamsize>(entry.bytes));
-    Require(in.good(), ErrorCode::kDataLoss,
-            "AQ-SGD spill file '" + path + "' is missing or short: the cache entry of sample " +
-                std::to_string(id) + " is lost; restart the run's AQ-SGD warm-up");
-    std::remove(path.c_str());
+    ReadSpilled(id, entry, &entry.values);
+    std::remove(SpillPath(id).c_str());
     entry.on_disk = false;
     stats_.disk_bytes -= entry.bytes;
     stats_.memory_bytes += entry.bytes;
@@ -58,7 +140,8 @@ std::vector<float>* ActivationCache::Find(uint64_t id) {
   return &entry.values;
 }
 
-void ActivationCache::Insert(uint64_t id, std::vector<float> values) {
+void ActivationCache::Insert(uint64_t id, std::vector<float> values, uint64_t tag) {
+  changed_ = true;
   auto it = entries_.find(id);
   if (it == entries_.end()) {
     lru_.push_front(id);
@@ -78,6 +161,7 @@ void ActivationCache::Insert(uint64_t id, std::vector<float> values) {
   Entry& entry = it->second;
   entry.bytes = values.size() * sizeof(float);
   entry.values = std::move(values);
+  entry.tag = tag;
   entry.on_disk = false;
   stats_.memory_bytes += entry.bytes;
   EnforceLimit(id);
@@ -106,6 +190,39 @@ void ActivationCache::EnforceLimit(uint64_t keep) {
     stats_.disk_bytes += entry.bytes;
     ++stats_.spills;
   }
+}
+
+void ActivationCache::Save(const std::string& path) {
+  WriteFileAtomically(path, [&](const ByteSink& sink) {
+    WireChecksumStream hash;
+    const auto put = [&](const void* data, size_t size) {
+      hash.Update(data, size);
+      sink(data, size);
+    };
+    const uint64_t entries = entries_.size();
+    put(&kFileMagic, sizeof kFileMagic);
+    put(&kFileVersion, sizeof kFileVersion);
+    put(&entries, sizeof entries);
+    std::vector<float> spilled;
+    for (const auto& [id, entry] : entries_) {
+      const uint64_t count = entry.bytes / sizeof(float);
+      put(&id, sizeof id);
+      put(&entry.tag, sizeof entry.tag);
+      put(&count, sizeof count);
+      if (entry.on_disk) ReadSpilled(id, entry, &spilled);
+      put(entry.on_disk ? spilled.data() : entry.values.data(), entry.bytes);
+    }
+    const uint64_t digest = hash.Digest();
+    sink(&digest, sizeof digest);
+  });
+  changed_ = false;
+}
+
+void ActivationCache::Load(const std::string& path) {
+  Require(entries_.empty(), ErrorCode::kInternal, "ActivationCache::Load needs an empty cache");
+  ReadCacheFile(path, [](FileEntry&) {});  // the whole file checked before anything is taken
+  ReadCacheFile(path, [&](FileEntry& e) { Insert(e.id, std::move(e.values), e.tag); });
+  changed_ = false;
 }
 
 }  // namespace amaq::quant

@@ -2,11 +2,17 @@
 // training sample, on sender and receiver alike. Memory is bounded: past `memory_limit_bytes` the
 // least recently used entries spill to files under `spill_dir` and are read back when their
 // sample returns. Without a spill directory, exceeding the limit is an error. Entries stay
-// bit-exact across spills (raw fp32 files).
+// bit-exact across spills (raw fp32 files). Each entry carries a tag naming what set it (AQ-SGD:
+// the frame), so that two caches can tell which of their entries agree.
+//
+// Save writes every entry, with its tag, to one file (docs/wire-format.md, "AQ-SGD cache file"),
+// atomically and without loading the spilled ones into memory; Load reads such a file into an
+// empty cache. Both leave the file and the cache consistent on every error.
 #pragma once
 
 #include <cstdint>
 #include <list>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -29,21 +35,34 @@ class ActivationCache {
   ActivationCache& operator=(const ActivationCache&) = delete;
 
   bool Contains(uint64_t id) const { return entries_.count(id) != 0; }
+  // The tag of the entry of `id`; nullopt when absent.
+  std::optional<uint64_t> TagOf(uint64_t id) const;
   // The entry of `id`, read back from disk if it was spilled; nullptr when absent. The pointer is
   // valid until the next Find or Insert.
   std::vector<float>* Find(uint64_t id);
-  // Adds or replaces the entry of `id`. Throws amaq::Error (kResourceExhausted) when the memory
-  // limit is exceeded and nothing can be spilled.
-  void Insert(uint64_t id, std::vector<float> values);
+  // Adds or replaces the entry of `id`, tagged `tag`. Throws amaq::Error (kResourceExhausted) when
+  // the memory limit is exceeded and nothing can be spilled.
+  void Insert(uint64_t id, std::vector<float> values, uint64_t tag = 0);
   CacheStats stats() const { return stats_; }
+
+  // Whether an Insert happened since the last Save or Load (a fresh cache has none).
+  bool changed() const { return changed_; }
+  // Writes every entry to `path` atomically. Throws amaq::Error when it cannot (the old file stays).
+  void Save(const std::string& path);
+  // Fills this empty cache with the entries of `path`. Throws amaq::Error: kNotFound when there is
+  // no such file, kDataLoss when it is malformed (the cache stays empty), kResourceExhausted as
+  // Insert (the cache then holds some of the file's entries).
+  void Load(const std::string& path);
 
  private:
   struct Entry {
     std::vector<float> values;  // empty while on disk
     uint64_t bytes = 0;
+    uint64_t tag = 0;
     bool on_disk = false;
     std::list<uint64_t>::iterator lru;
   };
+  void ReadSpilled(uint64_t id, const Entry& entry, std::vector<float>* values) const;
   void Touch(uint64_t id, Entry& entry);
   void EnforceLimit(uint64_t keep);
   std::string SpillPath(uint64_t id) const;
@@ -53,6 +72,7 @@ class ActivationCache {
   std::unordered_map<uint64_t, Entry> entries_;
   std::list<uint64_t> lru_;  // front = most recently used
   CacheStats stats_;
+  bool changed_ = false;
 };
 
 }  // namespace amaq::quant

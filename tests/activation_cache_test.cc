@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 
 #include "common/base/error.h"
 
@@ -86,6 +88,68 @@ TEST(ActivationCache, ALostSpillFileIsReportedNotInvented) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kDataLoss);
   }
+}
+
+// Save writes every entry with its tag, the spilled ones too without loading them into memory;
+// Load gives them back exactly, within its own memory limit.
+TEST(ActivationCache, SavedEntriesLoadBackWithTheirTags) {
+  const std::string dir = FreshDir("save"), file = FreshDir("save-file");
+  ActivationCache cache(2 * 4 * sizeof(float), dir);  // room for two entries of four floats
+  EXPECT_FALSE(cache.changed());
+  cache.Insert(1, {1.5f, -2, 3, 4}, 11);
+  cache.Insert(2, {5, 6, 7, 8}, 22);
+  cache.Insert(3, {9, 10, 11, 12.25f}, 33);  // spills 1
+  ASSERT_EQ(cache.stats().spills, 1u);
+  EXPECT_TRUE(cache.changed());
+  cache.Save(file);
+  EXPECT_FALSE(cache.changed());
+  EXPECT_EQ(cache.stats().loads, 0u) << "saving read a spilled entry into memory";
+  EXPECT_EQ(cache.stats().memory_bytes, 8 * sizeof(float));
+
+  ActivationCache loaded(1 << 20, "");
+  loaded.Load(file);
+  EXPECT_FALSE(loaded.changed());
+  EXPECT_EQ(loaded.stats().entries, 3u);
+  EXPECT_EQ(*loaded.Find(1), (std::vector<float>{1.5f, -2, 3, 4}));
+  EXPECT_EQ(*loaded.Find(3), (std::vector<float>{9, 10, 11, 12.25f}));
+  EXPECT_EQ(loaded.TagOf(1), 11u);
+  EXPECT_EQ(loaded.TagOf(2), 22u);
+  EXPECT_EQ(loaded.TagOf(3), 33u);
+  EXPECT_EQ(loaded.TagOf(4), std::nullopt);
+  std::filesystem::remove(file);
+}
+
+// A damaged or truncated cache file is refused whole: nothing of it is taken.
+TEST(ActivationCache, ADamagedFileLoadsNothing) {
+  const std::string file = FreshDir("damaged");
+  ActivationCache cache(1 << 20, "");
+  cache.Insert(1, {1, 2, 3, 4}, 5);
+  cache.Insert(2, {5, 6, 7, 8}, 6);
+  cache.Save(file);
+  std::string bytes;
+  {
+    std::ifstream in(file, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const auto write = [&](const std::string& b) { std::ofstream(file, std::ios::binary | std::ios::trunc) << b; };
+  for (size_t at : {size_t{0}, size_t{13}, size_t{30}, bytes.size() - 9}) {
+    std::string damaged = bytes;
+    damaged[at] ^= 0x40;
+    write(damaged);
+    ActivationCache loaded(1 << 20, "");
+    EXPECT_THROW(loaded.Load(file), Error) << "byte " << at;
+    EXPECT_EQ(loaded.stats().entries, 0u) << "byte " << at;
+  }
+  write(bytes.substr(0, bytes.size() - 20));
+  ActivationCache truncated(1 << 20, "");
+  try {
+    truncated.Load(file);
+    ADD_FAILURE() << "a truncated file must be refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kDataLoss) << e.what();
+  }
+  EXPECT_EQ(truncated.stats().entries, 0u);
+  std::filesystem::remove(file);
 }
 
 }  // namespace
