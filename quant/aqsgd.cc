@@ -1,6 +1,7 @@
 #include "quant/aqsgd.h"
 
 #include <cstring>
+#include <optional>
 #include <string>
 #include <unordered_set>
 
@@ -12,7 +13,7 @@ namespace amaq::quant {
 namespace {
 
 constexpr uint32_t kFrameMagic = 0x47535141;  // "AQSG"
-constexpr uint8_t kFrameVersion = 1;
+constexpr uint8_t kFrameVersion = 2;
 constexpr uint8_t kFull = 0, kDelta = 1;
 
 void PutPart(ByteWriter& w, const Encoded& part) {
@@ -32,7 +33,7 @@ AqsgdSender::AqsgdSender(AqsgdOptions options)
 }
 
 Encoded AqsgdSender::Encode(const float* x, const std::vector<uint64_t>& ids,
-                            int64_t rows_per_sample, int64_t cols, float* reconstruction) {
+                            int64_t rows_per_sample, int64_t cols, float* reconstruction, bool in_full) {
   Require(rows_per_sample > 0 && cols > 0, ErrorCode::kInvalidArgument,
           "AQ-SGD needs rows_per_sample > 0 and cols > 0");
   Require(std::unordered_set<uint64_t>(ids.begin(), ids.end()).size() == ids.size(),
@@ -40,12 +41,14 @@ Encoded AqsgdSender::Encode(const float* x, const std::vector<uint64_t>& ids,
           "AQ-SGD batch repeats a sample id: each sample may appear once per message");
   const size_t sample_size = static_cast<size_t>(rows_per_sample * cols);
   std::vector<uint8_t> flags(ids.size());
+  std::vector<uint64_t> bases(ids.size());  // the tags of the entries the deltas add to
   std::vector<float> full, delta;
   for (size_t i = 0; i < ids.size(); ++i) {
     const float* xs = x + i * sample_size;
-    const std::vector<float>* m = cache_.Find(ids[i]);
+    const std::vector<float>* m = in_full ? nullptr : cache_.Find(ids[i]);
     flags[i] = m ? kDelta : kFull;
     if (m) {
+      bases[i] = *cache_.TagOf(ids[i]);
       for (size_t k = 0; k < sample_size; ++k) delta.push_back(xs[k] - (*m)[k]);
     } else {
       full.insert(full.end(), xs, xs + sample_size);
@@ -65,7 +68,27 @@ Encoded AqsgdSender::Encode(const float* x, const std::vector<uint64_t>& ids,
   const Encoded delta_part = Encoder().Encode(delta.data(), rows_of(delta), cols,
                                               BitsTable::Uniform(options_.bits), delta_options, delta_hat.data());
 
-  // Update m(id) exactly as the receiver will, and hand back what it will hold.
+  Encoded frame;
+  ByteWriter w(&frame.bytes);
+  w.Put(kFrameMagic);
+  w.Put(kFrameVersion);
+  w.Put(static_cast<uint32_t>(ids.size()));
+  w.Put(static_cast<uint64_t>(rows_per_sample));
+  w.Put(static_cast<uint64_t>(cols));
+  for (size_t i = 0; i < ids.size(); ++i) {
+    w.Put(ids[i]);
+    w.Put(flags[i]);
+    w.Put(bases[i]);
+  }
+  w.Put(WireChecksum(frame.bytes.data(), frame.bytes.size()));
+  const uint64_t frame_header = frame.bytes.size() + 16;  // + the two part lengths
+  PutPart(w, full_part);
+  PutPart(w, delta_part);
+  frame.count.payload = full_part.count.payload + delta_part.count.payload;
+  frame.count.metadata = frame_header + full_part.count.metadata + delta_part.count.metadata;
+
+  // Update m(id) exactly as the receiver will, tagged with this frame, and hand back what it will hold.
+  const uint64_t tag = WireChecksum(frame.bytes.data(), frame.bytes.size());
   size_t full_at = 0, delta_at = 0;
   for (size_t i = 0; i < ids.size(); ++i) {
     std::vector<float> m;
@@ -78,26 +101,8 @@ Encoded AqsgdSender::Encode(const float* x, const std::vector<uint64_t>& ids,
       delta_at += sample_size;
     }
     if (reconstruction) std::copy(m.begin(), m.end(), reconstruction + i * sample_size);
-    cache_.Insert(ids[i], std::move(m));
+    cache_.Insert(ids[i], std::move(m), tag);
   }
-
-  Encoded frame;
-  ByteWriter w(&frame.bytes);
-  w.Put(kFrameMagic);
-  w.Put(kFrameVersion);
-  w.Put(static_cast<uint32_t>(ids.size()));
-  w.Put(static_cast<uint64_t>(rows_per_sample));
-  w.Put(static_cast<uint64_t>(cols));
-  for (size_t i = 0; i < ids.size(); ++i) {
-    w.Put(ids[i]);
-    w.Put(flags[i]);
-  }
-  w.Put(WireChecksum(frame.bytes.data(), frame.bytes.size()));
-  const uint64_t frame_header = frame.bytes.size() + 16;  // + the two part lengths
-  PutPart(w, full_part);
-  PutPart(w, delta_part);
-  frame.count.payload = full_part.count.payload + delta_part.count.payload;
-  frame.count.metadata = frame_header + full_part.count.metadata + delta_part.count.metadata;
   const double elements = static_cast<double>(ids.size() * sample_size);
   frame.average_bits = elements == 0 ? 0
       : (full_part.average_bits * static_cast<double>(full.size()) +
@@ -135,15 +140,18 @@ AqsgdDecoded AqsgdReceiver::Decode(const uint8_t* data, size_t size, int64_t exp
               " rows and " + std::to_string(cols) + " columns, not the expected " + std::to_string(expected_samples) +
               " of " + std::to_string(expected_rows_per_sample) + " and " + std::to_string(expected_cols) +
               " (-1: any): send the step's own batch");
-  Require(uint64_t{samples} * 9 <= r.remaining(), ErrorCode::kDataLoss,
+  Require(uint64_t{samples} * 17 <= r.remaining(), ErrorCode::kDataLoss,
           "AQ-SGD frame ends inside its sample list: it was truncated; resend it");
   std::vector<uint8_t> flags(samples);
+  std::vector<uint64_t> bases(samples);
   out.ids.resize(samples);
   for (uint32_t i = 0; i < samples; ++i) {
     out.ids[i] = r.Get<uint64_t>("sample_id");
     flags[i] = r.Get<uint8_t>("sample_flag");
+    bases[i] = r.Get<uint64_t>("sample_base");
     Require(flags[i] == kFull || flags[i] == kDelta, ErrorCode::kDataLoss,
             "AQ-SGD sample flag must be 0 (full) or 1 (delta)");
+    Require(flags[i] == kDelta || bases[i] == 0, ErrorCode::kDataLoss, "AQ-SGD full sample with a base tag");
   }
   const size_t header_end = r.position();
   const auto header_checksum = r.Get<uint64_t>("header_checksum");
@@ -178,27 +186,34 @@ AqsgdDecoded AqsgdReceiver::Decode(const uint8_t* data, size_t size, int64_t exp
           ErrorCode::kDataLoss,
           "an AQ-SGD frame's full part must be a float message and its delta part symmetric per channel with one "
           "width: the message is corrupted");
+  // A sample whose entry this frame set already (a frame decoded again) keeps it; a delta must add
+  // to the entry it was computed against.
+  const uint64_t tag = WireChecksum(data, size);
+  std::vector<bool> taken(samples);
   for (uint32_t i = 0; i < samples; ++i) {
-    Require(flags[i] == kFull || cache_.Contains(out.ids[i]), ErrorCode::kFailedPrecondition,
+    const std::optional<uint64_t> held = cache_.TagOf(out.ids[i]);
+    taken[i] = held == tag;
+    Require(taken[i] || flags[i] == kFull || held == bases[i], ErrorCode::kFailedPrecondition,
             "AQ-SGD delta for sample " + std::to_string(out.ids[i]) +
-                " but this receiver holds no entry for it (it restarted): the sender must "
-                "forget the sample and send it in full");
+                (held ? " builds on another entry than this receiver's" : " but this receiver holds no entry for it") +
+                " (a restart from an older checkpoint, or a lost frame): the sender must send the step's samples in full");
   }
 
   out.values.resize(samples * sample_size);
   size_t full_at = 0, delta_at = 0;
   for (uint32_t i = 0; i < samples; ++i) {
     std::vector<float> m;
-    if (flags[i] == kFull) {
+    if (taken[i]) {
+      m = *cache_.Find(out.ids[i]);
+    } else if (flags[i] == kFull) {
       m.assign(full.values.begin() + full_at, full.values.begin() + full_at + sample_size);
-      full_at += sample_size;
     } else {
       m = *cache_.Find(out.ids[i]);
       for (size_t k = 0; k < sample_size; ++k) m[k] += delta.values[delta_at + k];
-      delta_at += sample_size;
     }
+    (flags[i] == kFull ? full_at : delta_at) += sample_size;
     std::copy(m.begin(), m.end(), out.values.begin() + static_cast<long>(i * sample_size));
-    cache_.Insert(out.ids[i], std::move(m));
+    if (!taken[i]) cache_.Insert(out.ids[i], std::move(m), tag);
   }
   out.count.payload = full.count.payload + delta.count.payload;
   out.count.metadata = size - out.count.payload;

@@ -2,13 +2,19 @@
 // time that same sample crossed the cut. Sender and receiver each hold m(id), the last
 // reconstructed activation of every sample (ActivationCache). A sample seen for the first time is
 // sent in full precision (the warm-up: fp32 or bf16); afterwards only delta = x - m(id) is sent,
-// quantized symmetric per channel at `bits`, and both sides set m(id) += deQ(delta). The two
-// caches stay bit-identical. Gradients are not delta-coded: they use the plain codec.
+// quantized symmetric per channel at `bits`, and both sides set m(id) += deQ(delta). Gradients
+// are not delta-coded: they use the plain codec.
 //
-// Message (docs/wire-format.md, "AQ-SGD frame"): header, sample ids with a full/delta flag each,
-// then the full part and the delta part as two codec messages (rows of their samples, in order).
-// Each frame is self-contained (its codec parts always carry their one-byte bits tables), so a
-// frame can be resent after a reconnect as it is.
+// Each entry is tagged with the frame that set it (the XXH3-64 of the frame's bytes), and each delta
+// names the tag it adds to, so the two caches need not be kept in step: either side may restart
+// from a saved cache of any age, or miss a frame. A receiver refuses a delta whose base it does not
+// hold, the sender then sends that step's samples in full, and an entry agrees on both sides
+// whenever its tags do. A frame decoded again leaves the entries it set as they are.
+//
+// Message (docs/wire-format.md, "AQ-SGD frame"): header, sample ids with a full/delta flag and a
+// base tag each, then the full part and the delta part as two codec messages (rows of their
+// samples, in order). Each frame is self-contained (its codec parts always carry their one-byte
+// bits tables), so a frame can be resent after a reconnect as it is.
 #pragma once
 
 #include <cstdint>
@@ -32,10 +38,12 @@ class AqsgdSender {
  public:
   explicit AqsgdSender(AqsgdOptions options);
   // x is [ids.size() * rows_per_sample, cols], sample after sample. `reconstruction`, when not
-  // null, receives what the receiver will hold after decoding (rows * cols floats).
+  // null, receives what the receiver will hold after decoding (rows * cols floats). `in_full`
+  // sends every sample in full, whatever the cache holds (after the receiver refused a delta).
   Encoded Encode(const float* x, const std::vector<uint64_t>& ids, int64_t rows_per_sample,
-                 int64_t cols, float* reconstruction = nullptr);
+                 int64_t cols, float* reconstruction = nullptr, bool in_full = false);
   CacheStats cache_stats() const { return cache_.stats(); }
+  ActivationCache& cache() { return cache_; }  // to save and load it (ActivationCache::Save)
 
  private:
   AqsgdOptions options_;
@@ -53,14 +61,15 @@ struct AqsgdDecoded {
 class AqsgdReceiver {
  public:
   explicit AqsgdReceiver(AqsgdOptions options, DecodeLimits limits = {});
-  // Throws amaq::Error: kDataLoss for malformed frames, kFailedPrecondition when a delta arrives
-  // for a sample this receiver holds no entry for (it restarted): the sender must then resend
-  // that sample in full. The cache is only changed once the whole frame has been validated,
+  // Throws amaq::Error: kDataLoss for malformed frames, kFailedPrecondition when a delta adds to an
+  // entry this receiver does not hold (none, or another tag): the sender must then send the step's
+  // samples in full. The cache is only changed once the whole frame has been validated,
   // including, when given (>= 0), the shape the caller expects (checked on the frame's header,
   // before anything is decompressed or allocated).
   AqsgdDecoded Decode(const uint8_t* data, size_t size, int64_t expected_rows_per_sample = -1,
                       int64_t expected_cols = -1, int64_t expected_samples = -1);
   CacheStats cache_stats() const { return cache_.stats(); }
+  ActivationCache& cache() { return cache_; }
 
  private:
   ActivationCache cache_;

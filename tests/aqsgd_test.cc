@@ -158,9 +158,68 @@ TEST(Aqsgd, MalformedFramesAreRefused) {
   EXPECT_THROW(sender.Encode(x.data(), {5, 5}, kRows, kCols), Error);  // repeated id
 }
 
+// A receiver restored from an older copy of its cache holds other entries than the sender: a delta
+// on one of them is refused with the cache as it was, the step sent again in full is taken, and
+// from then on the two caches agree bit for bit. Entries both sides still share go on as deltas.
+TEST(Aqsgd, ADeltaOnAnotherEntryThanTheReceiversIsRefusedAndTheStepComesAgainInFull) {
+  const std::string file = ::testing::TempDir() + "/aqsgd-history-" + std::to_string(getpid());
+  AqsgdOptions options;
+  AqsgdSender sender(options);
+  AqsgdReceiver receiver(options);
+  const auto x = testing::GaussianTensor(2 * kRows, kCols, 11);
+  for (const std::vector<uint64_t>& ids : {std::vector<uint64_t>{1, 2}, std::vector<uint64_t>{3, 4}}) {
+    const Encoded e = sender.Encode(x.data(), ids, kRows, kCols);
+    receiver.Decode(e.bytes.data(), e.bytes.size());
+  }
+  receiver.cache().Save(file);  // the receiver's checkpoint
+  const Encoded lost = sender.Encode(Drift(x, 0.1f, 12).data(), {1, 2}, kRows, kCols);
+  receiver.Decode(lost.bytes.data(), lost.bytes.size());
+  AqsgdReceiver restored(options);
+  restored.cache().Load(file);
+
+  const std::vector<float> held = *restored.cache().Find(1);
+  const std::optional<uint64_t> held_tag = restored.cache().TagOf(1);
+  const auto y = Drift(x, 0.1f, 13);
+  const Encoded refused = sender.Encode(y.data(), {1, 2}, kRows, kCols);
+  try {
+    restored.Decode(refused.bytes.data(), refused.bytes.size());
+    ADD_FAILURE() << "a delta on an entry the receiver lost must be refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kFailedPrecondition) << e.what();
+  }
+  EXPECT_EQ(*restored.cache().Find(1), held) << "the refused frame changed the cache";
+  EXPECT_EQ(restored.cache().TagOf(1), held_tag);
+  std::vector<float> hat(y.size());
+  const Encoded full = sender.Encode(y.data(), {1, 2}, kRows, kCols, hat.data(), /*in_full=*/true);
+  EXPECT_DOUBLE_EQ(full.average_bits, 16.0);
+  EXPECT_EQ(restored.Decode(full.bytes.data(), full.bytes.size()).values, hat);
+  const auto z = Drift(y, 0.1f, 14);
+  const Encoded after = sender.Encode(z.data(), {2, 3}, kRows, kCols, hat.data());  // 3: an entry from the checkpoint
+  EXPECT_DOUBLE_EQ(after.average_bits, 4.0);
+  EXPECT_EQ(restored.Decode(after.bytes.data(), after.bytes.size()).values, hat);
+  std::filesystem::remove(file);
+}
+
+// A frame decoded a second time (a retry the server already took) gives the same values and leaves
+// the entries it set as they were: its deltas are not added twice.
+TEST(Aqsgd, AFrameDecodedAgainChangesNothing) {
+  AqsgdOptions options;
+  AqsgdSender sender(options);
+  AqsgdReceiver receiver(options);
+  const auto x = testing::GaussianTensor(2 * kRows, kCols, 15);
+  const Encoded first = sender.Encode(x.data(), {1, 2}, kRows, kCols);
+  receiver.Decode(first.bytes.data(), first.bytes.size());
+  std::vector<float> hat(x.size());
+  const Encoded delta = sender.Encode(Drift(x, 0.1f, 16).data(), {1, 2}, kRows, kCols, hat.data());
+  EXPECT_EQ(receiver.Decode(delta.bytes.data(), delta.bytes.size()).values, hat);
+  EXPECT_EQ(receiver.Decode(delta.bytes.data(), delta.bytes.size()).values, hat) << "decoded again";
+  const Encoded next = sender.Encode(x.data(), {1, 2}, kRows, kCols, hat.data());
+  EXPECT_EQ(receiver.Decode(next.bytes.data(), next.bytes.size()).values, hat) << "the caches still agree";
+}
+
 // Where an AQ-SGD frame's delta part starts (its 8-byte size field), for a frame of `samples`.
 size_t DeltaPartAt(const std::vector<uint8_t>& frame, size_t samples) {
-  const size_t header = 4 + 1 + 4 + 8 + 8 + 9 * samples + 8;
+  const size_t header = 4 + 1 + 4 + 8 + 8 + 17 * samples + 8;
   uint64_t full_size;
   std::memcpy(&full_size, frame.data() + header, 8);
   return header + 8 + full_size;
