@@ -95,6 +95,7 @@ SplitClient::SplitClient(ClientOptions options, Dataset data, Transport& transpo
   context.amaq_ramp_fraction = options_.amaq_ramp_fraction;
   context.cache_bytes = static_cast<uint64_t>(options_.aqsgd_cache_mb) << 20;
   context.spill_dir = options_.aqsgd_spill_dir;
+  if (!options_.checkpoint_dir.empty()) context.history_file = options_.checkpoint_dir + "/" + options_.client_id + ".aqsgd";
   codec_ = method_->MakeClientCodec(context);
   fingerprint_ = ModelFingerprint(options_.model_dir, options_.cut_layer, base_weights);
   if (!options_.csv_path.empty()) {
@@ -459,6 +460,7 @@ void SplitClient::SaveCheckpoint(int64_t next_step) {
   }
   for (size_t i = 0; i < last_update_.size(); ++i) archive.write("last_update." + std::to_string(i), last_update_[i]);
   codec_->Save(archive);
+  codec_->SaveHistory();  // a file of its own, of any age: safe with the checkpoint before or after it
   std::ostringstream bytes;
   archive.save_to(bytes);
   WriteFileAtomically(options_.checkpoint_dir + "/" + options_.client_id + ".pt", bytes.str());
@@ -494,6 +496,11 @@ int64_t SplitClient::LoadCheckpoint() {
   torch::Tensor next;
   archive.read("next_step", next);
   codec_->Load(archive, next.item<int64_t>());
+  try {
+    codec_->LoadHistory();
+  } catch (const Error& e) {  // it only saves bytes: the samples go in full again
+    spdlog::warn("client {}: {}; continuing without it", options_.client_id, e.what());
+  }
   spdlog::info("client {}: restored its checkpoint of step {}", options_.client_id, next.item<int64_t>());
   return next.item<int64_t>();
 }
@@ -523,12 +530,13 @@ double SplitClient::Run() {
       refusals = 0;
     } catch (const Error& e) {
       next.reset();
-      // The server restarted from an older checkpoint (a step gap) or lost its AQ-SGD cache:
-      // rejoin, start the sender's cache afresh, and continue from the server's step counter.
+      // The server restarted from an older checkpoint (a step gap) or lacks what a message builds
+      // on (an AQ-SGD cache entry): rejoin, and continue at the earlier of the two sides (as at the
+      // start) with a step that builds on nothing the server may lack.
       if (e.code() != ErrorCode::kFailedPrecondition || ++refusals > 3) throw;
       spdlog::warn("client {}: {}; rejoining", options_.client_id, e.what());
       codec_->ForgetHistory();
-      step = RetryTransient("client " + options_.client_id, [this] { return Join(); }) - 1;
+      step = std::min(client_next_, RetryTransient("client " + options_.client_id, [this] { return Join(); })) - 1;
       continue;
     }
     char fields[128];

@@ -35,7 +35,8 @@ struct CodecContext {
   double amaq_ramp_fraction = 0.5;
   // AQ-SGD's per-sample cache.
   uint64_t cache_bytes = uint64_t{1} << 30;
-  std::string spill_dir;  // empty: no spilling
+  std::string spill_dir;     // empty: no spilling
+  std::string history_file;  // where SaveHistory and LoadHistory keep it; empty: nowhere
 };
 
 // The rows of a training activation: samples * tokens of them, sample after sample.
@@ -97,8 +98,16 @@ class ClientCodec {
   virtual void Step() {}
   // Whether every training batch must have the same number of tokens per sample.
   virtual bool fixed_tokens() const { return false; }
-  // The server lost what this codec's messages build on (a restart): start the history afresh.
+  // The server refused a message for what it builds on (it restarted, or lost a message): what
+  // this codec sends next builds on nothing the server may lack (AQ-SGD: the next step's samples
+  // go in full; the rest of its cache stays).
   virtual void ForgetHistory() {}
+  // The method's history (AQ-SGD's cache) to and from CodecContext::history_file, when the method
+  // has one and the context names a file: saved with each checkpoint (rewritten only when it
+  // changed), loaded when the run resumes. A history of any age is safe to load (quant/aqsgd.h).
+  // Throw amaq::Error when they cannot (the file, or the codec, then stays as it was).
+  virtual void SaveHistory() {}
+  virtual void LoadHistory() {}
   // Integer width per learned gate (empty when the method learns none).
   virtual std::vector<uint8_t> GateBits() const { return {}; }
   // The codec's learned state in a client checkpoint (`next_step`: where the run resumes).
@@ -140,7 +149,7 @@ class ServerCodec {
   virtual Activation DecodeTraining(const uint8_t* data, size_t size, const SampleRows& samples, int64_t channels);
   // A training activation whose answer comes from the server's store (a retry of it): read so that
   // the stream, and the format of the gradient that answers it, follow it as if it were decoded
-  // for compute. A codec whose decoding changes a history (AQ-SGD's caches) leaves it unread.
+  // for compute. AQ-SGD's caches take what the frame sets, once (quant/aqsgd.h).
   virtual void Reread(const uint8_t* data, size_t size, const SampleRows& samples, int64_t channels) {
     DecodeTraining(data, size, samples, channels);
   }
@@ -150,6 +159,9 @@ class ServerCodec {
   Encoded EncodeGradient(const float* gradient, int64_t rows, int64_t cols);
   // Fresh streams in both directions (a join or rejoin); a method's history (AQ-SGD) survives.
   void Reset();
+  // As ClientCodec's: the method's history to and from CodecContext::history_file.
+  virtual void SaveHistory() {}
+  virtual void LoadHistory() {}
 
  protected:
   // The gradient's format, given the training activation it answers.

@@ -73,6 +73,17 @@ torch::Device PickDevice(const std::string& wanted) {
 
 std::string CheckpointPath(const ServerOptions& o) { return o.checkpoint_dir + "/server.pt"; }
 
+std::string SessionsDir(const ServerOptions& o) { return o.checkpoint_dir + "/sessions"; }
+std::string HistoriesDir(const ServerOptions& o) { return o.checkpoint_dir + "/histories"; }
+
+// A client's file in `dir`: named by the XXH3 of its id, which may hold any character.
+std::string SessionFile(const std::string& dir, const std::string& client_id, const char* extension) {
+  char name[17];
+  std::snprintf(name, sizeof name, "%016llx",
+                static_cast<unsigned long long>(quant::WireChecksum(reinterpret_cast<const uint8_t*>(client_id.data()), client_id.size())));
+  return dir + "/" + name + extension;
+}
+
 }  // namespace
 
 SplitServer::SplitServer(ServerOptions options) : options_(std::move(options)) {
@@ -191,6 +202,7 @@ quant::CodecContext SplitServer::CodecContextFor(const std::string& client_id) c
   context.channels = config_.hidden_size;
   context.cache_bytes = static_cast<uint64_t>(options_.aqsgd_cache_mb) << 20;
   context.spill_dir = options_.aqsgd_spill_dir.empty() ? "" : options_.aqsgd_spill_dir + "/" + client_id;
+  if (!options_.checkpoint_dir.empty()) context.history_file = SessionFile(HistoriesDir(options_), client_id, ".aqsgd");
   return context;
 }
 
@@ -644,8 +656,6 @@ void LoadLora(torch::serialize::InputArchive& archive, const std::string& prefix
   optimizer.load(opt);
 }
 
-std::string SessionsDir(const ServerOptions& o) { return o.checkpoint_dir + "/sessions"; }
-
 }  // namespace
 
 void SplitServer::Checkpoint() {
@@ -693,6 +703,8 @@ void SplitServer::SaveSession(torch::serialize::OutputArchive& archive, Session&
   archive.write(key + ".last_applied", torch::tensor(s.last_applied));
   archive.write(key + ".applied_steps", torch::tensor(s.stats.steps));
   if (s.own) SaveLora(archive, key, s.own->values, *s.own->optimizer);
+  std::filesystem::create_directories(HistoriesDir(options_));
+  if (s.codec) s.codec->SaveHistory();  // a file of its own, of any age: safe with the checkpoint before or after it
 }
 
 std::unique_ptr<SplitServer::Session> SplitServer::LoadSession(torch::serialize::InputArchive& archive, const std::string& id) {
@@ -703,6 +715,11 @@ std::unique_ptr<SplitServer::Session> SplitServer::LoadSession(torch::serialize:
   archive.read(key + ".method", method);
   s->method_text = method.toStringRef();
   s->codec = quant::Method::Parse(s->method_text)->MakeServerCodec(CodecContextFor(id));
+  try {
+    s->codec->LoadHistory();
+  } catch (const Error& e) {  // it only saves bytes: the client sends the samples in full again
+    spdlog::warn("client {}: {}; continuing without it", id, e.what());
+  }
   torch::Tensor last;
   archive.read(key + ".last_applied", last);
   s->last_applied = last.item<int64_t>();
@@ -717,10 +734,7 @@ std::unique_ptr<SplitServer::Session> SplitServer::LoadSession(torch::serialize:
 }
 
 std::string SplitServer::EvictedPath(const std::string& client_id) const {
-  char name[32];
-  std::snprintf(name, sizeof name, "%016llx.pt",
-                static_cast<unsigned long long>(quant::WireChecksum(reinterpret_cast<const uint8_t*>(client_id.data()), client_id.size())));
-  return SessionsDir(options_) + "/" + name;
+  return SessionFile(SessionsDir(options_), client_id, ".pt");
 }
 
 std::unique_ptr<SplitServer::Session> SplitServer::LoadEvicted(const std::string& client_id) {

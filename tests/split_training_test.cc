@@ -698,6 +698,73 @@ TEST(SplitTraining, AdapterUploadsSurviveAServerRestart) {
   }
 }
 
+// A transport whose server goes away for good at one training step (the client process dies
+// there: what it has not checkpointed is lost).
+struct DyingTransport : client::LocalTransport {
+  DyingTransport(server::SplitServer& server, int64_t dies_at) : client::LocalTransport(server), dies_at(dies_at) {}
+  StepResult Step(const StepInput& input) override {
+    if (input.kind == StepKind::kTrain && input.step_id == dies_at) throw Error(ErrorCode::kInternal, "the client died");
+    return client::LocalTransport::Step(input);
+  }
+  int64_t dies_at;
+};
+
+// The average bits of each training step a client's run sent, by step (its last attempt).
+std::map<int64_t, double> BitsByStep(const client::SplitClient& c, int64_t steps) {
+  std::map<int64_t, double> bits;
+  for (const client::StepRecord& r : c.records()) {
+    if (r.step < steps) bits[r.step] = r.average_bits;
+  }
+  return bits;
+}
+
+// AQ-SGD's caches are kept with both sides' checkpoints, each entry tagged with the frame that set
+// it. A server restarted from a checkpoint older than the client's, and a client restarted from one
+// older than the server's, each resume with the deltas of the samples both sides agree on; a step
+// with a sample they do not agree on is refused and sent again in full, once. 32 examples in
+// batches of 8: an epoch is 4 steps, so without the saved caches the first epoch after a restart
+// would go in full.
+TEST(SplitTraining, AqsgdCachesSurviveRestartsOfEitherSide) {
+  const std::string dir = testing::TinyModelDir("aqsgd-restart");
+  const Dataset data = testing::ParityDataset(32);
+  server::ServerOptions so = ServerFor(dir);
+  so.checkpoint_dir = testing::TempDir("aqsgd-restart-server");
+  so.checkpoint_every = 10;
+  client::ClientOptions co = ClientFor(dir, "aqsgd:4", 12);
+  co.checkpoint_dir = testing::TempDir("aqsgd-restart-client");
+  co.checkpoint_every = 4;
+  {
+    server::SplitServer server(so);  // checkpoints after step 9; steps 10 and 11 are lost with it
+    client::LocalTransport transport(server);
+    client::SplitClient client(co, data, transport);
+    client.Run();
+    const std::map<int64_t, double> bits = BitsByStep(client, 12);
+    EXPECT_EQ(bits.at(0), 16) << "a first visit goes in full";
+    EXPECT_EQ(bits.at(4), 4) << "a second visit is a delta";
+  }
+  server::SplitServer restarted(so);
+  {
+    co.steps = 24;
+    DyingTransport transport(restarted, 19);  // the client's last checkpoint is of step 16
+    client::SplitClient client(co, data, transport);
+    EXPECT_THROW(client.Run(), Error);
+    const std::map<int64_t, double> bits = BitsByStep(client, 24);
+    EXPECT_EQ(bits.at(10), 16) << "replayed for the server, whose cache is of step 9: refused, then in full";
+    EXPECT_EQ(bits.at(11), 16);
+    for (int64_t step = 12; step < 19; ++step) EXPECT_EQ(bits.at(step), 4) << "step " << step;
+  }
+  client::LocalTransport transport(restarted);
+  client::SplitClient client(co, data, transport);
+  client.Run();
+  const std::map<int64_t, double> bits = BitsByStep(client, 24);
+  EXPECT_EQ(bits.at(16), 4) << "replayed for the client from its checkpoint: the very frame the server took before";
+  for (int64_t step = 17; step < 19; ++step) {
+    EXPECT_EQ(bits.at(step), 16) << "step " << step << ", replayed for the client on other weights: refused, then in full";
+  }
+  for (int64_t step = 19; step < 24; ++step) EXPECT_EQ(bits.at(step), 4) << "step " << step;
+  EXPECT_EQ(restarted.Stats().at("client-0").steps, 24) << "each step applied once";
+}
+
 // A server (or a peer through it) that returns a non-finite average: the client refuses all of it
 // and keeps its own weights (the poisoned tensor is the last one, so a partial copy would show).
 TEST(SplitTraining, NonFiniteAdapterAverageIsRefusedByTheClient) {

@@ -1,5 +1,7 @@
 #include "quant/methods/aqsgd.h"
 
+#include <filesystem>
+
 #include "common/base/error.h"
 #include "quant/aqsgd.h"
 #include "quant/tensor_codec.h"
@@ -13,15 +15,28 @@ EncodeOptions Bf16() {
   return o;
 }
 
+void SaveCache(ActivationCache& cache, const std::string& file) {
+  if (!file.empty() && cache.changed()) cache.Save(file);
+}
+
+void LoadCache(ActivationCache& cache, const std::string& file) {
+  if (!file.empty() && std::filesystem::exists(file)) cache.Load(file);
+}
+
 class AqsgdClientCodec : public ClientCodec {
  public:
-  explicit AqsgdClientCodec(AqsgdOptions options)
-      : options_(std::move(options)), sender_(std::make_unique<AqsgdSender>(options_)) {}
+  AqsgdClientCodec(const AqsgdOptions& options, std::string history_file)
+      : sender_(options), history_file_(std::move(history_file)) {}
 
   Encoded EncodeTraining(const torch::Tensor& x, const SampleRows& samples, torch::Tensor* upstream) override {
+    if (refused_) {
+      full_step_ = samples.step;
+      refused_ = false;
+    }
     const torch::Tensor cpu = x.detach().to(torch::kCPU, torch::kFloat).contiguous();
     pending_.Put(samples.step, samples.part,
-                 sender_->Encode(cpu.data_ptr<float>(), samples.ids, samples.tokens, x.size(1)));
+                 sender_.Encode(cpu.data_ptr<float>(), samples.ids, samples.tokens, x.size(1), nullptr,
+                                samples.step == full_step_));
     *upstream = x;
     return pending_.At(samples.step, samples.part);
   }
@@ -32,17 +47,22 @@ class AqsgdClientCodec : public ClientCodec {
     return EncodeTensor(stateless, x, BitsTable{}, Bf16()).bytes;
   }
   bool fixed_tokens() const override { return true; }
-  void ForgetHistory() override { sender_ = std::make_unique<AqsgdSender>(options_); }
+  void ForgetHistory() override { refused_ = true; }
+  void SaveHistory() override { SaveCache(sender_.cache(), history_file_); }
+  void LoadHistory() override { LoadCache(sender_.cache(), history_file_); }
 
  private:
-  AqsgdOptions options_;
-  std::unique_ptr<AqsgdSender> sender_;
+  AqsgdSender sender_;
+  std::string history_file_;
+  bool refused_ = false;    // the server refused a frame: the next step goes in full
+  int64_t full_step_ = -1;  // the step whose parts go in full
   StepParts<Encoded> pending_;
 };
 
 class AqsgdServerCodec : public ServerCodec {
  public:
-  AqsgdServerCodec(AqsgdOptions options, GradientFormat gradient) : receiver_(std::move(options)), gradient_(std::move(gradient)) {}
+  AqsgdServerCodec(const AqsgdOptions& options, GradientFormat gradient, std::string history_file)
+      : receiver_(options), gradient_(std::move(gradient)), history_file_(std::move(history_file)) {}
 
   Activation DecodeTraining(const uint8_t* data, size_t size, const SampleRows& samples, int64_t channels) override {
     Require(static_cast<int64_t>(samples.ids.size()) == samples.samples, ErrorCode::kInvalidArgument,
@@ -54,8 +74,8 @@ class AqsgdServerCodec : public ServerCodec {
     return Activation{std::move(d.values), bits, d.count};
   }
 
-  // Frames are self-contained and the gradient's format is fixed: nothing to follow.
-  void Reread(const uint8_t*, size_t, const SampleRows&, int64_t) override {}
+  void SaveHistory() override { SaveCache(receiver_.cache(), history_file_); }
+  void LoadHistory() override { LoadCache(receiver_.cache(), history_file_); }
 
  protected:
   GradientFormat GradientFor(const Decoded&) const override { return gradient_; }
@@ -63,6 +83,7 @@ class AqsgdServerCodec : public ServerCodec {
  private:
   AqsgdReceiver receiver_;
   GradientFormat gradient_;
+  std::string history_file_;
 };
 
 class Aqsgd : public Method {
@@ -70,10 +91,11 @@ class Aqsgd : public Method {
   Aqsgd(int bits, std::optional<GradientSpec> gradient) : bits_(bits), gradient_(gradient) {}
   std::string ToString() const override { return "aqsgd:" + std::to_string(bits_) + GradientSuffix(gradient_); }
   std::unique_ptr<ClientCodec> MakeClientCodec(const CodecContext& context) const override {
-    return std::make_unique<AqsgdClientCodec>(Options(context));
+    return std::make_unique<AqsgdClientCodec>(Options(context), context.history_file);
   }
   std::unique_ptr<ServerCodec> MakeServerCodec(const CodecContext& context) const override {
-    return std::make_unique<AqsgdServerCodec>(Options(context), gradient_.value_or(GradientSpec{}).Format());
+    return std::make_unique<AqsgdServerCodec>(Options(context), gradient_.value_or(GradientSpec{}).Format(),
+                                              context.history_file);
   }
 
  private:
