@@ -765,6 +765,27 @@ TEST(SplitTraining, AqsgdCachesSurviveRestartsOfEitherSide) {
   EXPECT_EQ(restarted.Stats().at("client-0").steps, 24) << "each step applied once";
 }
 
+// An evicted session's AQ-SGD cache goes to its file with it and comes back with the Join: the
+// next epoch after the eviction is all deltas.
+TEST(SplitTraining, AnEvictedAqsgdSessionKeepsItsCache) {
+  const std::string dir = testing::TinyModelDir("aqsgd-evict");
+  const Dataset data = testing::ParityDataset(32);  // 4 steps an epoch
+  server::ServerOptions so = ServerFor(dir);
+  so.checkpoint_dir = testing::TempDir("aqsgd-evict-server");
+  so.session_ttl_seconds = 1e-9;  // every session without a stream is idle
+  client::ClientOptions co = ClientFor(dir, "aqsgd:4", 4);
+  co.checkpoint_dir = testing::TempDir("aqsgd-evict-client");
+  server::SplitServer server(so);
+  client::LocalTransport transport(server);
+  client::SplitClient(co, data, transport).Run();
+  ASSERT_EQ(server.EvictIdle({}), 1);
+  co.steps = 8;
+  client::SplitClient client(co, data, transport);
+  client.Run();
+  const std::map<int64_t, double> bits = BitsByStep(client, 8);
+  for (int64_t step = 4; step < 8; ++step) EXPECT_EQ(bits.at(step), 4) << "step " << step;
+}
+
 // A server (or a peer through it) that returns a non-finite average: the client refuses all of it
 // and keeps its own weights (the poisoned tensor is the last one, so a partial copy would show).
 TEST(SplitTraining, NonFiniteAdapterAverageIsRefusedByTheClient) {
