@@ -201,7 +201,7 @@ quant::CodecContext SplitServer::CodecContextFor(const std::string& client_id) c
   quant::CodecContext context;
   context.channels = config_.hidden_size;
   context.cache_bytes = static_cast<uint64_t>(options_.aqsgd_cache_mb) << 20;
-  context.spill_dir = options_.aqsgd_spill_dir.empty() ? "" : options_.aqsgd_spill_dir + "/" + client_id;
+  if (!options_.aqsgd_spill_dir.empty()) context.spill_dir = SessionFile(options_.aqsgd_spill_dir, client_id, "");
   if (!options_.checkpoint_dir.empty()) context.history_file = SessionFile(HistoriesDir(options_), client_id, ".aqsgd");
   return context;
 }
