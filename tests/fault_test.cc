@@ -23,6 +23,7 @@ using testing::WaitFor;
 struct CsvRow {
   int64_t step = 0;
   bool applied = false;
+  double bits = 0;  // average bits of the step's activation
 };
 
 // The training rows of a client's CSV (the final evaluation row, with seconds 0, is left out).
@@ -36,7 +37,7 @@ std::vector<CsvRow> TrainingRows(const std::string& path) {
     std::stringstream fields(line);
     for (std::string x; std::getline(fields, x, ',');) f.push_back(x);
     if (f.size() < 14 || std::stod(f[12]) == 0) continue;
-    rows.push_back({std::stoll(f[2]), f[13] == "1"});
+    rows.push_back({std::stoll(f[2]), f[13] == "1", std::stod(f[10])});
   }
   return rows;
 }
@@ -61,11 +62,12 @@ class Crashes : public testing::Network {
     return p;
   }
 
-  std::unique_ptr<Process> Client(const std::string& id, const std::string& token, int64_t steps) {
+  std::unique_ptr<Process> Client(const std::string& id, const std::string& token, int64_t steps,
+                                  const std::string& method = "bf16") {
     return std::make_unique<Process>(
         std::vector<std::string>{AMAQ_BIN_DIR "/amaq-client", "--server", "127.0.0.1:" + std::to_string(port_),
                                  "--tls_ca", *certs_ + "/ca.pem", "--tls_server_name", "localhost", "--token", token,
-                                 "--client_id", id, "--model", *model_, "--seed", "7", "--lr", "0.01", "--method", "bf16",
+                                 "--client_id", id, "--model", *model_, "--seed", "7", "--lr", "0.01", "--method", method,
                                  "--task", "jsonl", "--train_jsonl", Jsonl(), "--validation_jsonl", Jsonl(), "--steps", std::to_string(steps),
                                  "--batch", "8", "--max_tokens", "16", "--eval_examples", "8", "--csv", Csv(id),
                                  "--checkpoint_dir", dir_ + "/" + id, "--checkpoint_every", "4", "--retry_seconds", "60",
@@ -166,6 +168,28 @@ TEST_F(Crashes, ServerKilledMidRunClientsReconnectAndContinue) {
     ExpectEachStepAppliedOnce(TrainingRows(Csv(id)), 30);
   }
   EXPECT_NE(server->Log().find("resumed 2 client sessions"), std::string::npos) << server->Log();
+}
+
+// The same with AQ-SGD: both sides' caches come back from their files, so after the restart only
+// the steps the two sides disagree on go in full (those the server lost, and the one it refused),
+// not a whole epoch of first visits as when the server's cache was lost with it.
+TEST_F(Crashes, AqsgdCachesComeBackAfterTheServerIsKilled) {
+  auto server = Server(0, 5);
+  const int port = port_;
+  auto client = Client("client-1", kToken1, 30, "aqsgd:4");
+  ASSERT_TRUE(WaitFor([&] { return TrainingRows(Csv("client-1")).size() >= 12; }, 120)) << client->Log();
+  server->Kill(SIGKILL);
+  server->Wait();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  server = Server(port, 5);
+  ASSERT_EQ(client->Wait(), 0) << client->Log();
+  EXPECT_EQ(AppliedSteps().at("client-1"), 30);
+  const std::vector<CsvRow> rows = TrainingRows(Csv("client-1"));
+  ExpectEachStepAppliedOnce(rows, 30);
+  int full = 0;
+  for (const CsvRow& r : rows) full += r.bits == 16 ? 1 : 0;
+  EXPECT_GE(full, 8) << "the first epoch (64 examples in batches of 8) goes in full";
+  EXPECT_LT(full, 8 + 8) << "after the restart, fewer than an epoch of steps in full\n" << client->Log();
 }
 
 }  // namespace
