@@ -1,5 +1,7 @@
 // What a fp32 and a bf16 matrix product reach through LibTorch on this machine, and which BLAS
 // library the process actually loaded (Debian's reference BLAS is ~12x slower than OpenBLAS).
+// BM_ServerProduct: the fp32 products of amaq-base's server layers, [m x k] x [k x n], for the
+// rows of 1, 8 and 16 steps of 16 x 48 tokens (what batching several clients' steps makes of them).
 #include <benchmark/benchmark.h>
 #include <torch/torch.h>
 
@@ -33,6 +35,20 @@ void BM_Matmul(benchmark::State& state) {
 BENCHMARK(BM_Matmul)
     ->ArgNames({"n", "bf16", "threads"})
     ->Args({1024, 0, 1})->Args({1024, 0, 2})->Args({1024, 1, 1})->Args({1024, 1, 2})
+    ->Unit(benchmark::kMillisecond);
+
+void BM_ServerProduct(benchmark::State& state) {
+  const int64_t m = state.range(0), k = state.range(1), n = state.range(2);
+  torch::NoGradGuard no_grad;
+  const auto a = torch::randn({m, k}), b = torch::randn({k, n});
+  for (auto _ : state) benchmark::DoNotOptimize(torch::mm(a, b).data_ptr());
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * static_cast<double>(m * k * n),
+                                                 benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_ServerProduct)
+    ->ArgNames({"m", "k", "n"})
+    ->ArgsProduct({{768, 6144, 12288}, {256}, {688, 4096}})
+    ->Args({768, 688, 256})->Args({6144, 688, 256})->Args({12288, 688, 256})
     ->Unit(benchmark::kMillisecond);
 
 }  // namespace
