@@ -703,7 +703,6 @@ void SplitServer::SaveSession(torch::serialize::OutputArchive& archive, Session&
   archive.write(key + ".last_applied", torch::tensor(s.last_applied));
   archive.write(key + ".applied_steps", torch::tensor(s.stats.steps));
   if (s.own) SaveLora(archive, key, s.own->values, *s.own->optimizer);
-  std::filesystem::create_directories(HistoriesDir(options_));
   if (s.codec) s.codec->SaveHistory();  // a file of its own, of any age: safe with the checkpoint before or after it
 }
 

@@ -16,7 +16,10 @@ EncodeOptions Bf16() {
 }
 
 void SaveCache(ActivationCache& cache, const std::string& file) {
-  if (!file.empty() && cache.changed()) cache.Save(file);
+  if (file.empty() || !cache.changed()) return;
+  std::error_code ignored;  // a folder that cannot be made fails the save, which names the file
+  std::filesystem::create_directories(std::filesystem::path(file).parent_path(), ignored);
+  cache.Save(file);
 }
 
 void LoadCache(ActivationCache& cache, const std::string& file) {
