@@ -466,30 +466,48 @@ TEST(SplitTraining, TheClientWaitsOutTheServersRateLimit) {
   EXPECT_EQ(server.Stats().at("client-0").steps, 4);
 }
 
-// AMAQ against bf16 on the same short run, while AMAQ pushes the bits from 8 to 3: the margin
-// asserted is 0.3 nats of mean training loss over steps 50-59. Measured (tiny model seeded 1234):
-// bf16 0.101, AMAQ 0.172 at 3.0 bits, a difference of 0.07. With other initialisations of the
-// tiny model the difference ranged from 0.08 to 0.51 (at 3.3 bits), so the margin is specific to
-// this seeded model; both runs start near 5.5, so it still fails if quantization stops training.
+// AMAQ against bf16 on short runs while AMAQ pushes the bits from 8 to 3, with gradients as the
+// study chose for every quantized method (4-bit per-token symmetric): on the activations' own 3-bit
+// per-channel grid, training collapsed in 16 of the study's 50 runs, and this test, then on one
+// seed, failed on one CPU (AVX-512 BF16: 1.12 against bf16's 0.15) and passed on another. Asserted
+// on the mean training loss of steps 50-59: averaged over three seeds, AMAQ within 0.2 nats of
+// bf16; for each seed within 0.6 (a collapse is ~1), below half its own start, and at 3.5 bits or
+// less. Measured on a 2-vCPU AMD EPYC (AVX-512 BF16), LibTorch 1.13, 1 and 2 threads alike:
+// AMAQ - bf16 = +0.005, +0.210, -0.048 (seeds 7, 8, 9), mean +0.056; 3.0-3.2 bits.
 TEST(SplitTraining, AmaqStaysWithinAMarginOfBf16) {
+  constexpr double kMeanMargin = 0.2, kSeedMargin = 0.6;
   const std::string dir = testing::TinyModelDir("amaq-vs-bf16");
-  const auto tail_loss = [&](const std::string& method) {
-    server::SplitServer server(ServerFor(dir));
+  struct Tail {
+    double start = 0, end = 0, bits = 0;
+  };
+  const auto run = [&](const std::string& method, int64_t seed) {
+    server::ServerOptions so = ServerFor(dir);
+    so.seed = seed;
+    server::SplitServer server(so);
     client::LocalTransport transport(server);
     client::ClientOptions o = ClientFor(dir, method, 60);
+    o.seed = seed;
     o.amaq_gate_lr = 0.2;
     o.amaq_beta = 1.0;
     client::SplitClient client(o, testing::ParityDataset(48), transport);
     client.Run();
-    double loss = 0, start = 0;
-    for (int i = 50; i < 60; ++i) loss += client.records()[static_cast<size_t>(i)].loss / 10;
-    for (int i = 0; i < 10; ++i) start += client.records()[static_cast<size_t>(i)].loss / 10;
-    std::cout << method << ": mean loss of steps 0-9 " << start << ", of steps 50-59 " << loss << ", bits "
-              << client.records()[59].average_bits << "\n";
-    return loss;
+    Tail t;
+    for (int i = 0; i < 10; ++i) t.start += client.records()[static_cast<size_t>(i)].loss / 10;
+    for (int i = 50; i < 60; ++i) t.end += client.records()[static_cast<size_t>(i)].loss / 10;
+    t.bits = client.records()[59].average_bits;
+    return t;
   };
-  const double bf16 = tail_loss("bf16"), amaq = tail_loss("amaq:8->3");
-  EXPECT_LT(amaq, bf16 + 0.3);
+  double mean_difference = 0;
+  for (const int64_t seed : {7, 8, 9}) {
+    const Tail bf16 = run("bf16", seed), amaq = run("amaq:8->3:grad=4:token:symmetric", seed);
+    std::cout << "seed " << seed << ": bf16 steps 0-9 " << bf16.start << ", 50-59 " << bf16.end << "; amaq steps 0-9 "
+              << amaq.start << ", 50-59 " << amaq.end << " at " << amaq.bits << " bits\n";
+    mean_difference += (amaq.end - bf16.end) / 3;
+    EXPECT_LT(amaq.end, bf16.end + kSeedMargin) << "seed " << seed;
+    EXPECT_LT(amaq.end, 0.5 * amaq.start) << "seed " << seed << ": training stopped";
+    EXPECT_LE(amaq.bits, 3.5) << "seed " << seed << ": the widths did not come down";
+  }
+  EXPECT_LT(mean_difference, kMeanMargin) << "AMAQ's mean loss over three seeds, minus bf16's";
 }
 
 // "past tense of <verb>:" -> "<verb>ed": a generation task for exact-match evaluation.
