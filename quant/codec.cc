@@ -391,8 +391,11 @@ Header ReadHeader(ByteReader& r, ExpectedShape shape, const DecodeLimits& limits
           "unknown bits layout " + std::to_string(layout) + " in tensor message");
   Require(format <= static_cast<uint8_t>(ScaleFormat::kFloat32), ErrorCode::kDataLoss,
           "unknown scale format " + std::to_string(format) + " in tensor message");
-  Require((h.flags & ~(kFlagZstd | kFlagTableIncluded)) == 0 && reserved == 0, ErrorCode::kDataLoss,
-          "tensor message sets unknown flags: it comes from a newer amaq");
+  Require((h.flags & ~(kFlagZstd | kFlagTableIncluded)) == 0, ErrorCode::kDataLoss,
+          "tensor message sets unknown flags " + std::to_string(h.flags) + ": it comes from a newer amaq; run the same "
+          "amaq version on both sides");
+  Require(reserved == 0, ErrorCode::kDataLoss,
+          "tensor message has reserved field " + std::to_string(reserved) + ", not 0: the message is corrupted");
   h.scheme = static_cast<Scheme>(scheme);
   h.granularity = static_cast<Granularity>(granularity);
   h.layout = static_cast<BitsLayout>(layout);
@@ -467,10 +470,10 @@ ScaleGrid ReadScales(ByteReader& r, const Header& h, const GridSpec& spec, const
     Require(std::isfinite(step) && step > 0.0f, ErrorCode::kDataLoss,
             "scale group " + std::to_string(g) + " has step " + std::to_string(step) +
                 ": steps must be finite and positive; the message is corrupted");
-    if (h.scheme == Scheme::kSymmetric) grid.zeros[static_cast<size_t>(g)] = SymmetricZero(step, ScaleGroupBits(bits, g));
+    const int b = ScaleGroupBits(bits, g);
+    if (h.scheme == Scheme::kSymmetric) grid.zeros[static_cast<size_t>(g)] = SymmetricZero(step, b);
     const float zero = grid.zeros[static_cast<size_t>(g)];
-    Require(std::isfinite(zero) && std::isfinite(zero + 255.0f * step), ErrorCode::kDataLoss,
-            "scale group " + std::to_string(g) + " decodes to non-finite values: the message is corrupted");
+    Require(GroupDecodesFinite(h.scheme, zero, step, b), ErrorCode::kDataLoss, NonFiniteGroupText(g, zero, step, b));
   }
   return grid;
 }

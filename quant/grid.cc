@@ -149,6 +149,17 @@ void RequireFinite(const float* x, int64_t rows, int64_t cols) {
   if (bad != 0.0f) ThrowNonFinite(x, rows, cols);
 }
 
+bool GroupDecodesFinite(Scheme scheme, float zero, float step, int bits) {
+  return std::isfinite(zero) && std::isfinite(step) &&
+         std::isfinite(zero + static_cast<float>(MaxCode(scheme, bits)) * step);
+}
+
+std::string NonFiniteGroupText(int64_t g, float zero, float step, int bits) {
+  return "scale group " + std::to_string(g) + " (zero " + std::to_string(zero) + ", step " + std::to_string(step) +
+         " at " + std::to_string(bits) + " bits) decodes to values beyond fp32's range: an encoder refuses such values "
+         "(rescale the tensor or quantize it with more bits); a received message with it is corrupted";
+}
+
 int64_t ScaleGroupCount(const GridSpec& spec, int64_t rows, int64_t cols) {
   switch (spec.granularity) {
     case Granularity::kTensor: return 1;
@@ -224,10 +235,11 @@ ScaleGrid ComputeGrid(const float* x, int64_t rows, int64_t cols, const GridSpec
   if (!FillGrid(lo, hi, spec, bits, preferred, &grid) && preferred != ScaleFormat::kFloat32) {
     FillGrid(lo, hi, spec, bits, ScaleFormat::kFloat32, &grid);
   }
-  for (float step : grid.steps) {
-    Require(std::isfinite(step), ErrorCode::kInvalidArgument,
-            "a value range is too wide for fp32 steps (max - min overflows): "
-            "rescale the tensor before quantizing it");
+  for (int64_t g = 0; g < groups; ++g) {
+    const float zero = grid.zeros[static_cast<size_t>(g)], step = grid.steps[static_cast<size_t>(g)];
+    const int b = ScaleGroupBits(bits, g);
+    Require(GroupDecodesFinite(spec.scheme, zero, step, b), ErrorCode::kInvalidArgument,
+            NonFiniteGroupText(g, zero, step, b));
   }
   return grid;
 }

@@ -6,9 +6,13 @@
 // Symmetric: step >= absmax / center with center = 2^(b-1) - 1, and zero = -(center * step)
 //            (computed in fp32 by both sides); only step is sent.
 // A group whose values are all equal gets step 1 (every code is 0 and decodes exactly).
+// Every group decodes each of its codes to a finite value: the encoder refuses a tensor whose grid
+// would not (values near fp32's limit at few bits), and the decoder refuses a message that has one,
+// with the same text (GroupDecodesFinite, NonFiniteGroupText).
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "quant/bits_table.h"
@@ -50,6 +54,12 @@ inline int64_t ScaleGroupOf(const GridSpec& spec, int64_t row, int64_t col, int6
 inline int ScaleGroupBits(const BitsTable& bits, int64_t g) {
   return bits.layout == BitsLayout::kUniform ? bits.bits[0] : bits.bits[static_cast<size_t>(g)];
 }
+
+// Whether scale group (zero, step) of `scheme` at `bits` decodes its largest code to a finite value
+// (then every code does: x_hat grows with the code).
+bool GroupDecodesFinite(Scheme scheme, float zero, float step, int bits);
+// What encoder and decoder say of scale group g when GroupDecodesFinite is false.
+std::string NonFiniteGroupText(int64_t g, float zero, float step, int bits);
 
 // Throws amaq::Error (kInvalidArgument) unless the scheme is a quantizing one, the granularity and
 // group size are valid, and every scale group has one bit-width (per-channel bits need per-channel

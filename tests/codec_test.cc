@@ -412,6 +412,40 @@ TEST(Codec, SixteenBitCastsRefuseValuesBeyondTheirRange) {
   EXPECT_NO_THROW(encode(std::numeric_limits<float>::max(), Scheme::kFloat32));
 }
 
+// Whatever the encoder writes, the decoder takes: groups of +-1e38 at 4 bits, affine and symmetric,
+// group-wise and per channel, decode (the decoder used to check every group against 255 steps,
+// which overflows fp32 at 4 bits). A grid that would decode beyond fp32 (symmetric 2 bits of
+// 2e38: zero + 2 steps is 4e38) is refused by the encoder with the decoder's own text.
+TEST(Codec, WhatTheEncoderWritesNearFp32sLimitTheDecoderTakes) {
+  std::vector<float> x(4 * 64);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = (i % 3 == 0 ? -1e38f : i % 3 == 1 ? 1e38f : 0.0f);
+  for (const Scheme scheme : {Scheme::kAffine, Scheme::kSymmetric}) {
+    for (const Granularity granularity : {Granularity::kGroup, Granularity::kChannel}) {
+      EncodeOptions o;
+      o.scheme = scheme;
+      o.granularity = granularity;
+      o.group_size = 64;
+      std::vector<float> hat(x.size());
+      const Encoded e = Encoder().Encode(x.data(), 4, 64, BitsTable::Uniform(4), o, hat.data());
+      Decoded d;
+      ASSERT_NO_THROW(Decoder().Decode(e.bytes.data(), e.bytes.size(), &d)) << ToString(scheme) << " " << ToString(granularity);
+      EXPECT_EQ(d.values, hat);
+    }
+  }
+  std::vector<float> wide(8, 2e38f);
+  wide[0] = -2e38f;
+  EncodeOptions o;
+  o.scheme = Scheme::kSymmetric;
+  o.granularity = Granularity::kTensor;
+  try {
+    Encoder().Encode(wide.data(), 2, 4, BitsTable::Uniform(2), o);
+    ADD_FAILURE() << "a grid that decodes beyond fp32 must be refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("beyond fp32's range"), std::string::npos) << e.what();
+  }
+}
+
 // A message whose header declares a shape far above the step's (1 GiB of fp32 zeros from 32 KiB
 // of RLE blocks) is refused from its header: nothing is decompressed or allocated.
 TEST(Codec, MessageOfAnotherShapeThanExpectedIsRefusedBeforeDecompressing) {
