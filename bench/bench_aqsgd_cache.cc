@@ -15,7 +15,7 @@
 namespace amaq::quant {
 namespace {
 
-constexpr int64_t kSamples = 2000, kValues = 48 * 256;
+constexpr int64_t kSamples = 2000, kCols = 256, kValues = 48 * kCols;
 constexpr uint64_t kBytes = uint64_t{kSamples} * kValues * sizeof(float);
 
 std::string Scratch(const std::string& name) {
@@ -27,7 +27,7 @@ std::string Scratch(const std::string& name) {
 
 void Fill(ActivationCache& cache) {
   const std::vector<float> x = testing::GaussianTensor(1, kValues, 3);
-  for (int64_t i = 0; i < kSamples; ++i) cache.Insert(static_cast<uint64_t>(i), x, static_cast<uint64_t>(i) + 1);
+  for (int64_t i = 0; i < kSamples; ++i) cache.Insert(static_cast<uint64_t>(i), x, kCols, static_cast<uint64_t>(i) + 1);
 }
 
 void BM_Save(benchmark::State& state) {

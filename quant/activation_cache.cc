@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <unordered_set>
 
 #include "common/base/atomic_file.h"
 #include "common/base/error.h"
@@ -13,7 +14,7 @@ namespace amaq::quant {
 namespace {
 
 constexpr uint32_t kFileMagic = 0x43535141;  // "AQSC"
-constexpr uint8_t kFileVersion = 1;
+constexpr uint8_t kFileVersion = 2;
 
 // Reads a cache file front to back, checking each read against the file's end and hashing it.
 class CacheFileReader {
@@ -49,9 +50,10 @@ class CacheFileReader {
   WireChecksumStream hash_;
 };
 
-// One entry of a cache file: its id, tag and values.
+// One entry of a cache file: its id, tag, row width and values.
 struct FileEntry {
   uint64_t id = 0, tag = 0;
+  int64_t cols = 0;
   std::vector<float> values;
 };
 
@@ -61,16 +63,21 @@ struct FileEntry {
 void ReadCacheFile(const std::string& path, const std::function<void(FileEntry&)>& take) {
   CacheFileReader r(path);
   Require(r.Get<uint32_t>() == kFileMagic && r.Get<uint8_t>() == kFileVersion, ErrorCode::kDataLoss,
-          r.Malformed("not an AQ-SGD cache file of version 1"));
+          r.Malformed("not an AQ-SGD cache file of version " + std::to_string(kFileVersion)));
   const auto entries = r.Get<uint64_t>();
+  std::unordered_set<uint64_t> ids;
   FileEntry e;
   for (uint64_t i = 0; i < entries; ++i) {
     e.id = r.Get<uint64_t>();
     e.tag = r.Get<uint64_t>();
-    const auto count = r.Get<uint64_t>();
-    Require(count <= r.left() / sizeof(float), ErrorCode::kDataLoss, r.Malformed("an entry is longer than the file"));
-    e.values.resize(count);
-    r.Read(e.values.data(), count * sizeof(float));
+    const auto rows = r.Get<uint64_t>();
+    const auto cols = r.Get<uint64_t>();
+    Require(ids.insert(e.id).second, ErrorCode::kDataLoss, r.Malformed("sample " + std::to_string(e.id) + " appears twice"));
+    Require(rows > 0 && cols > 0, ErrorCode::kDataLoss, r.Malformed("an entry has no rows or no columns"));
+    Require(rows <= r.left() / sizeof(float) / cols, ErrorCode::kDataLoss, r.Malformed("an entry is longer than the file"));
+    e.cols = static_cast<int64_t>(cols);
+    e.values.resize(rows * cols);
+    r.Read(e.values.data(), rows * cols * sizeof(float));
     take(e);
   }
   const uint64_t digest = r.digest();
@@ -107,10 +114,11 @@ void ActivationCache::Touch(uint64_t id, Entry& entry) {
   entry.lru = lru_.begin();
 }
 
-std::optional<uint64_t> ActivationCache::TagOf(uint64_t id) const {
+std::optional<ActivationCache::Held> ActivationCache::Describe(uint64_t id) const {
   const auto it = entries_.find(id);
   if (it == entries_.end()) return std::nullopt;
-  return it->second.tag;
+  const Entry& e = it->second;
+  return Held{e.tag, static_cast<int64_t>(e.bytes / sizeof(float)) / e.cols, e.cols};
 }
 
 void ActivationCache::ReadSpilled(uint64_t id, const Entry& entry, std::vector<float>* values) const {
@@ -140,7 +148,10 @@ std::vector<float>* ActivationCache::Find(uint64_t id) {
   return &entry.values;
 }
 
-void ActivationCache::Insert(uint64_t id, std::vector<float> values, uint64_t tag) {
+void ActivationCache::Insert(uint64_t id, std::vector<float> values, int64_t cols, uint64_t tag) {
+  Require(cols > 0 && values.size() % static_cast<uint64_t>(cols) == 0, ErrorCode::kInvalidArgument,
+          "an AQ-SGD cache entry of " + std::to_string(values.size()) + " values is not a matrix of " +
+              std::to_string(cols) + " columns: give the entry's row width");
   changed_ = true;
   auto it = entries_.find(id);
   if (it == entries_.end()) {
@@ -162,6 +173,7 @@ void ActivationCache::Insert(uint64_t id, std::vector<float> values, uint64_t ta
   entry.bytes = values.size() * sizeof(float);
   entry.values = std::move(values);
   entry.tag = tag;
+  entry.cols = cols;
   entry.on_disk = false;
   stats_.memory_bytes += entry.bytes;
   EnforceLimit(id);
@@ -205,10 +217,11 @@ void ActivationCache::Save(const std::string& path) {
     put(&entries, sizeof entries);
     std::vector<float> spilled;
     for (const auto& [id, entry] : entries_) {
-      const uint64_t count = entry.bytes / sizeof(float);
+      const uint64_t cols = static_cast<uint64_t>(entry.cols), rows = entry.bytes / sizeof(float) / cols;
       put(&id, sizeof id);
       put(&entry.tag, sizeof entry.tag);
-      put(&count, sizeof count);
+      put(&rows, sizeof rows);
+      put(&cols, sizeof cols);
       if (entry.on_disk) ReadSpilled(id, entry, &spilled);
       put(entry.on_disk ? spilled.data() : entry.values.data(), entry.bytes);
     }
@@ -221,7 +234,7 @@ void ActivationCache::Save(const std::string& path) {
 void ActivationCache::Load(const std::string& path) {
   Require(entries_.empty(), ErrorCode::kInternal, "ActivationCache::Load needs an empty cache");
   ReadCacheFile(path, [](FileEntry&) {});  // the whole file checked before anything is taken
-  ReadCacheFile(path, [&](FileEntry& e) { Insert(e.id, std::move(e.values), e.tag); });
+  ReadCacheFile(path, [&](FileEntry& e) { Insert(e.id, std::move(e.values), e.cols, e.tag); });
   changed_ = false;
 }
 

@@ -2,8 +2,9 @@
 // training sample, on sender and receiver alike. Memory is bounded: past `memory_limit_bytes` the
 // least recently used entries spill to files under `spill_dir` and are read back when their
 // sample returns. Without a spill directory, exceeding the limit is an error. Entries stay
-// bit-exact across spills (raw fp32 files). Each entry carries a tag naming what set it (AQ-SGD:
-// the frame), so that two caches can tell which of their entries agree.
+// bit-exact across spills (raw fp32 files). Each entry is a [rows, cols] matrix and carries a tag
+// naming what set it (AQ-SGD: the frame), so that two caches can tell which of their entries agree
+// and a delta is only ever added to an entry of its own shape.
 //
 // Save writes every entry, with its tag, to one file (docs/wire-format.md, "AQ-SGD cache file"),
 // atomically and without loading the spilled ones into memory; Load reads such a file into an
@@ -34,15 +35,22 @@ class ActivationCache {
   ActivationCache(const ActivationCache&) = delete;
   ActivationCache& operator=(const ActivationCache&) = delete;
 
+  // What the cache knows of an entry besides its values.
+  struct Held {
+    uint64_t tag = 0;
+    int64_t rows = 0, cols = 0;
+  };
+
   bool Contains(uint64_t id) const { return entries_.count(id) != 0; }
-  // The tag of the entry of `id`; nullopt when absent.
-  std::optional<uint64_t> TagOf(uint64_t id) const;
+  // The tag and shape of the entry of `id`; nullopt when absent.
+  std::optional<Held> Describe(uint64_t id) const;
   // The entry of `id`, read back from disk if it was spilled; nullptr when absent. The pointer is
   // valid until the next Find or Insert.
   std::vector<float>* Find(uint64_t id);
-  // Adds or replaces the entry of `id`, tagged `tag`. Throws amaq::Error (kResourceExhausted) when
-  // the memory limit is exceeded and nothing can be spilled.
-  void Insert(uint64_t id, std::vector<float> values, uint64_t tag = 0);
+  // Adds or replaces the entry of `id`: `values` is [values.size() / cols, cols], tagged `tag`.
+  // Throws amaq::Error: kInvalidArgument when cols is not positive or does not divide the values,
+  // kResourceExhausted when the memory limit is exceeded and nothing can be spilled.
+  void Insert(uint64_t id, std::vector<float> values, int64_t cols, uint64_t tag = 0);
   CacheStats stats() const { return stats_; }
 
   // Whether an Insert happened since the last Save or Load (a fresh cache has none).
@@ -59,6 +67,7 @@ class ActivationCache {
     std::vector<float> values;  // empty while on disk
     uint64_t bytes = 0;
     uint64_t tag = 0;
+    int64_t cols = 0;
     bool on_disk = false;
     std::list<uint64_t>::iterator lru;
   };

@@ -45,11 +45,13 @@ Encoded AqsgdSender::Encode(const float* x, const std::vector<uint64_t>& ids,
   std::vector<float> full, delta;
   for (size_t i = 0; i < ids.size(); ++i) {
     const float* xs = x + i * sample_size;
-    const std::vector<float>* m = in_full ? nullptr : cache_.Find(ids[i]);
-    flags[i] = m ? kDelta : kFull;
-    if (m) {
-      bases[i] = *cache_.TagOf(ids[i]);
-      for (size_t k = 0; k < sample_size; ++k) delta.push_back(xs[k] - (*m)[k]);
+    // A delta adds to an entry of exactly this shape; a sample whose shape changed goes in full.
+    const std::optional<ActivationCache::Held> held = in_full ? std::nullopt : cache_.Describe(ids[i]);
+    flags[i] = held && held->rows == rows_per_sample && held->cols == cols ? kDelta : kFull;
+    if (flags[i] == kDelta) {
+      bases[i] = held->tag;
+      const std::vector<float>& m = *cache_.Find(ids[i]);
+      for (size_t k = 0; k < sample_size; ++k) delta.push_back(xs[k] - m[k]);
     } else {
       full.insert(full.end(), xs, xs + sample_size);
     }
@@ -101,7 +103,7 @@ Encoded AqsgdSender::Encode(const float* x, const std::vector<uint64_t>& ids,
       delta_at += sample_size;
     }
     if (reconstruction) std::copy(m.begin(), m.end(), reconstruction + i * sample_size);
-    cache_.Insert(ids[i], std::move(m), tag);
+    cache_.Insert(ids[i], std::move(m), cols, tag);
   }
   const double elements = static_cast<double>(ids.size() * sample_size);
   frame.average_bits = elements == 0 ? 0
@@ -126,7 +128,10 @@ AqsgdDecoded AqsgdReceiver::Decode(const uint8_t* data, size_t size, int64_t exp
   const auto samples = r.Get<uint32_t>("samples");
   const auto rows_per_sample = r.Get<uint64_t>("rows_per_sample");
   const auto cols = r.Get<uint64_t>("cols");
-  Require(rows_per_sample > 0 && cols > 0 && rows_per_sample <= limits_.max_elements &&
+  Require(rows_per_sample > 0 && cols > 0, ErrorCode::kDataLoss,
+          "AQ-SGD frame has samples of " + std::to_string(rows_per_sample) + " rows and " + std::to_string(cols) +
+              " columns: both must be positive; the message is corrupted");
+  Require(rows_per_sample <= limits_.max_elements &&
               cols <= limits_.max_elements / rows_per_sample &&
               samples <= limits_.max_elements / (rows_per_sample * cols),
           ErrorCode::kResourceExhausted,
@@ -174,9 +179,21 @@ AqsgdDecoded AqsgdReceiver::Decode(const uint8_t* data, size_t size, int64_t exp
   const auto part_shape = [&](size_t part_samples) {
     return ExpectedShape{static_cast<int64_t>(part_samples * rows_per_sample), static_cast<int64_t>(cols)};
   };
-  Decoded full, delta;
-  Decoder(limits_).Decode(full_bytes, full_size, &full, part_shape(full_samples));
-  Decoder(limits_).Decode(delta_bytes, delta_size, &delta, part_shape(delta_samples));
+  // A part of other rows or columns than its samples' (the decoder's kInvalidArgument), or one that
+  // decodes to non-finite values, is a malformed frame.
+  const auto decode_part = [&](const uint8_t* bytes, uint64_t part_size, size_t part_samples, const char* name) {
+    Decoded part;
+    try {
+      Decoder(limits_).Decode(bytes, part_size, &part, part_shape(part_samples));
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kInvalidArgument) throw;
+      throw Error(ErrorCode::kDataLoss, std::string("AQ-SGD frame's ") + name + " part does not fit its sample list (" +
+                                            e.what() + "): the message is corrupted");
+    }
+    return part;
+  };
+  const Decoded full = decode_part(full_bytes, full_size, full_samples, "full");
+  const Decoded delta = decode_part(delta_bytes, delta_size, delta_samples, "delta");
 
   out.rows_per_sample = static_cast<int64_t>(rows_per_sample);
   out.cols = static_cast<int64_t>(cols);
@@ -187,16 +204,22 @@ AqsgdDecoded AqsgdReceiver::Decode(const uint8_t* data, size_t size, int64_t exp
           "an AQ-SGD frame's full part must be a float message and its delta part symmetric per channel with one "
           "width: the message is corrupted");
   // A sample whose entry this frame set already (a frame decoded again) keeps it; a delta must add
-  // to the entry it was computed against.
+  // to the entry it was computed against, of exactly the frame's shape.
   const uint64_t tag = WireChecksum(data, size);
   std::vector<bool> taken(samples);
   for (uint32_t i = 0; i < samples; ++i) {
-    const std::optional<uint64_t> held = cache_.TagOf(out.ids[i]);
-    taken[i] = held == tag;
-    Require(taken[i] || flags[i] == kFull || held == bases[i], ErrorCode::kFailedPrecondition,
-            "AQ-SGD delta for sample " + std::to_string(out.ids[i]) +
-                (held ? " builds on another entry than this receiver's" : " but this receiver holds no entry for it") +
+    const std::optional<ActivationCache::Held> held = cache_.Describe(out.ids[i]);
+    const bool same_shape = held && held->rows == out.rows_per_sample && held->cols == out.cols;
+    taken[i] = same_shape && held->tag == tag;
+    if (taken[i] || flags[i] == kFull) continue;
+    const std::string sample = "AQ-SGD delta for sample " + std::to_string(out.ids[i]);
+    Require(held && held->tag == bases[i], ErrorCode::kFailedPrecondition,
+            sample + (held ? " builds on another entry than this receiver's" : " but this receiver holds no entry for it") +
                 " (a restart from an older checkpoint, or a lost frame): the sender must send the step's samples in full");
+    Require(same_shape, ErrorCode::kFailedPrecondition,
+            sample + " is " + std::to_string(out.rows_per_sample) + " x " + std::to_string(out.cols) +
+                " but the entry it adds to is " + std::to_string(held->rows) + " x " + std::to_string(held->cols) +
+                " (the sample's shape changed): the sender must send it in full");
   }
 
   out.values.resize(samples * sample_size);
@@ -213,7 +236,7 @@ AqsgdDecoded AqsgdReceiver::Decode(const uint8_t* data, size_t size, int64_t exp
     }
     (flags[i] == kFull ? full_at : delta_at) += sample_size;
     std::copy(m.begin(), m.end(), out.values.begin() + static_cast<long>(i * sample_size));
-    if (!taken[i]) cache_.Insert(out.ids[i], std::move(m), tag);
+    if (!taken[i]) cache_.Insert(out.ids[i], std::move(m), out.cols, tag);
   }
   out.count.payload = full.count.payload + delta.count.payload;
   out.count.metadata = size - out.count.payload;

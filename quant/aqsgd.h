@@ -39,7 +39,10 @@ class AqsgdSender {
   explicit AqsgdSender(AqsgdOptions options);
   // x is [ids.size() * rows_per_sample, cols], sample after sample. `reconstruction`, when not
   // null, receives what the receiver will hold after decoding (rows * cols floats). `in_full`
-  // sends every sample in full, whatever the cache holds (after the receiver refused a delta).
+  // sends every sample in full, whatever the cache holds (after the receiver refused a delta); a
+  // sample whose cached entry has another shape goes in full too. Throws amaq::Error
+  // (kInvalidArgument) for a repeated id, an empty shape, non-finite values, or a delta the
+  // decoder could not represent in fp32; the cache is then unchanged.
   Encoded Encode(const float* x, const std::vector<uint64_t>& ids, int64_t rows_per_sample,
                  int64_t cols, float* reconstruction = nullptr, bool in_full = false);
   CacheStats cache_stats() const { return cache_.stats(); }
@@ -61,11 +64,13 @@ struct AqsgdDecoded {
 class AqsgdReceiver {
  public:
   explicit AqsgdReceiver(AqsgdOptions options, DecodeLimits limits = {});
-  // Throws amaq::Error: kDataLoss for malformed frames, kFailedPrecondition when a delta adds to an
-  // entry this receiver does not hold (none, or another tag): the sender must then send the step's
-  // samples in full. The cache is only changed once the whole frame has been validated,
-  // including, when given (>= 0), the shape the caller expects (checked on the frame's header,
-  // before anything is decompressed or allocated).
+  // Throws amaq::Error (docs/wire-format.md, "AQ-SGD frame", lists each case): kDataLoss for
+  // malformed frames (parts of another shape than their samples' included), kResourceExhausted
+  // over the element limit, kInvalidArgument when the frame's shape is not the one the caller
+  // expects (when given, >= 0; checked on the frame's header, before anything is decompressed or
+  // allocated), kFailedPrecondition when a delta adds to an entry this receiver does not hold
+  // (none, another tag, or another shape): the sender must then send the step's samples in full.
+  // The cache is only changed once the whole frame has been validated.
   AqsgdDecoded Decode(const uint8_t* data, size_t size, int64_t expected_rows_per_sample = -1,
                       int64_t expected_cols = -1, int64_t expected_samples = -1);
   CacheStats cache_stats() const { return cache_.stats(); }

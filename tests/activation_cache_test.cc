@@ -6,9 +6,11 @@
 
 #include <filesystem>
 #include <fstream>
+#include <cstring>
 #include <iterator>
 
 #include "common/base/error.h"
+#include "quant/checksum.h"
 
 namespace amaq::quant {
 namespace {
@@ -29,11 +31,11 @@ TEST(ActivationCache, HoldsReplacesAndCountsEntries) {
   ActivationCache cache(1 << 20, "");
   EXPECT_FALSE(cache.Contains(7));
   EXPECT_EQ(cache.Find(7), nullptr);
-  cache.Insert(7, {1, 2, 3});
-  cache.Insert(9, {4});
+  cache.Insert(7, {1, 2, 3}, 3);
+  cache.Insert(9, {4}, 1);
   ASSERT_NE(cache.Find(7), nullptr);
   EXPECT_EQ(*cache.Find(7), (std::vector<float>{1, 2, 3}));
-  cache.Insert(7, {5, 6});  // a replacement is one entry, of its new size
+  cache.Insert(7, {5, 6}, 2);  // a replacement is one entry, of its new size
   EXPECT_EQ(*cache.Find(7), (std::vector<float>{5, 6}));
   EXPECT_EQ(cache.stats().entries, 2u);
   EXPECT_EQ(cache.stats().memory_bytes, 3 * sizeof(float));
@@ -45,10 +47,10 @@ TEST(ActivationCache, SpillsTheLeastRecentlyUsedAndReadsThemBackExactly) {
   const std::string dir = FreshDir("spill");
   {
     ActivationCache cache(2 * 4 * sizeof(float), dir);  // room for two entries of four floats
-    cache.Insert(1, {1.5f, -2, 3, 4});
-    cache.Insert(2, {5, 6, 7, 8});
+    cache.Insert(1, {1.5f, -2, 3, 4}, 2);
+    cache.Insert(2, {5, 6, 7, 8}, 2);
     cache.Find(1);                       // 2 is now the least recently used
-    cache.Insert(3, {9, 10, 11, 12.25f});  // spills 2
+    cache.Insert(3, {9, 10, 11, 12.25f}, 2);  // spills 2
     EXPECT_EQ(cache.stats().spills, 1u);
     EXPECT_EQ(cache.stats().memory_bytes, 8 * sizeof(float));
     EXPECT_EQ(cache.stats().disk_bytes, 4 * sizeof(float));
@@ -66,9 +68,9 @@ TEST(ActivationCache, SpillsTheLeastRecentlyUsedAndReadsThemBackExactly) {
 
 TEST(ActivationCache, WithoutASpillDirectoryTheLimitIsAnError) {
   ActivationCache cache(4 * sizeof(float), "");
-  cache.Insert(1, {1, 2, 3, 4});
+  cache.Insert(1, {1, 2, 3, 4}, 2);
   try {
-    cache.Insert(2, {5, 6, 7, 8});
+    cache.Insert(2, {5, 6, 7, 8}, 2);
     ADD_FAILURE() << "the second entry exceeds the limit";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kResourceExhausted);
@@ -79,8 +81,8 @@ TEST(ActivationCache, WithoutASpillDirectoryTheLimitIsAnError) {
 TEST(ActivationCache, ALostSpillFileIsReportedNotInvented) {
   const std::string dir = FreshDir("lost");
   ActivationCache cache(4 * sizeof(float), dir);
-  cache.Insert(1, {1, 2, 3, 4});
-  cache.Insert(2, {5, 6, 7, 8});  // spills 1
+  cache.Insert(1, {1, 2, 3, 4}, 2);
+  cache.Insert(2, {5, 6, 7, 8}, 2);  // spills 1
   std::filesystem::remove_all(dir);
   try {
     cache.Find(1);
@@ -90,15 +92,15 @@ TEST(ActivationCache, ALostSpillFileIsReportedNotInvented) {
   }
 }
 
-// Save writes every entry with its tag, the spilled ones too without loading them into memory;
+// Save writes every entry with its tag and shape, the spilled ones too without loading them into memory;
 // Load gives them back exactly, within its own memory limit.
 TEST(ActivationCache, SavedEntriesLoadBackWithTheirTags) {
   const std::string dir = FreshDir("save"), file = FreshDir("save-file");
   ActivationCache cache(2 * 4 * sizeof(float), dir);  // room for two entries of four floats
   EXPECT_FALSE(cache.changed());
-  cache.Insert(1, {1.5f, -2, 3, 4}, 11);
-  cache.Insert(2, {5, 6, 7, 8}, 22);
-  cache.Insert(3, {9, 10, 11, 12.25f}, 33);  // spills 1
+  cache.Insert(1, {1.5f, -2, 3, 4}, 2, 11);
+  cache.Insert(2, {5, 6, 7, 8}, 2, 22);
+  cache.Insert(3, {9, 10, 11, 12.25f}, 2, 33);  // spills 1
   ASSERT_EQ(cache.stats().spills, 1u);
   EXPECT_TRUE(cache.changed());
   cache.Save(file);
@@ -112,10 +114,12 @@ TEST(ActivationCache, SavedEntriesLoadBackWithTheirTags) {
   EXPECT_EQ(loaded.stats().entries, 3u);
   EXPECT_EQ(*loaded.Find(1), (std::vector<float>{1.5f, -2, 3, 4}));
   EXPECT_EQ(*loaded.Find(3), (std::vector<float>{9, 10, 11, 12.25f}));
-  EXPECT_EQ(loaded.TagOf(1), 11u);
-  EXPECT_EQ(loaded.TagOf(2), 22u);
-  EXPECT_EQ(loaded.TagOf(3), 33u);
-  EXPECT_EQ(loaded.TagOf(4), std::nullopt);
+  EXPECT_EQ(loaded.Describe(1)->tag, 11u);
+  EXPECT_EQ(loaded.Describe(2)->tag, 22u);
+  EXPECT_EQ(loaded.Describe(3)->tag, 33u);
+  EXPECT_EQ(loaded.Describe(3)->rows, 2);
+  EXPECT_EQ(loaded.Describe(3)->cols, 2) << "an entry comes back with its shape";
+  EXPECT_EQ(loaded.Describe(4), std::nullopt);
   std::filesystem::remove(file);
 }
 
@@ -123,8 +127,8 @@ TEST(ActivationCache, SavedEntriesLoadBackWithTheirTags) {
 TEST(ActivationCache, ADamagedFileLoadsNothing) {
   const std::string file = FreshDir("damaged");
   ActivationCache cache(1 << 20, "");
-  cache.Insert(1, {1, 2, 3, 4}, 5);
-  cache.Insert(2, {5, 6, 7, 8}, 6);
+  cache.Insert(1, {1, 2, 3, 4}, 2, 5);
+  cache.Insert(2, {5, 6, 7, 8}, 2, 6);
   cache.Save(file);
   std::string bytes;
   {
@@ -150,6 +154,64 @@ TEST(ActivationCache, ADamagedFileLoadsNothing) {
   }
   EXPECT_EQ(truncated.stats().entries, 0u);
   std::filesystem::remove(file);
+}
+
+// docs/wire-format.md, "AQ-SGD cache file": each entry is rows x cols (both positive) and a sample
+// appears once; a well-sealed file that breaks either rule is refused whole.
+TEST(ActivationCache, AFileWithARepeatedSampleOrAnEntryWithoutRowsLoadsNothing) {
+  const std::string file = FreshDir("rules");
+  ActivationCache cache(1 << 20, "");
+  cache.Insert(1, {1, 2, 3, 4}, 2, 5);
+  cache.Insert(2, {5, 6, 7, 8}, 4, 6);
+  cache.Save(file);
+  std::string bytes;
+  {
+    std::ifstream in(file, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  constexpr size_t kHeader = 4 + 1 + 8, kEntry = 8 + 8 + 8 + 8 + 4 * sizeof(float);
+  ASSERT_EQ(bytes.size(), kHeader + 2 * kEntry + 8);
+  // Writes the file with the u64 fields at the given offsets patched, sealed again as a writer
+  // with that content would.
+  const auto write_patched = [&](const std::vector<std::pair<size_t, uint64_t>>& patches) {
+    std::string b = bytes;
+    for (const auto& [at, value] : patches) std::memcpy(b.data() + at, &value, 8);
+    const uint64_t digest = WireChecksum(reinterpret_cast<const uint8_t*>(b.data()), b.size() - 8);
+    std::memcpy(b.data() + b.size() - 8, &digest, 8);
+    std::ofstream(file, std::ios::binary | std::ios::trunc) << b;
+  };
+  uint64_t first_id;
+  std::memcpy(&first_id, bytes.data() + kHeader, 8);
+  const size_t rows_at = kHeader + 16, cols_at = kHeader + 24;  // of the first entry
+  const std::pair<size_t, uint64_t> breaks[] = {
+      {kHeader + kEntry, first_id},  // the second entry's id is the first's
+      {rows_at, 0},                  // the first entry has no rows
+      {cols_at, 0},                  // ...or no columns
+  };
+  for (const auto& patch : breaks) {
+    write_patched({patch});
+    ActivationCache loaded(1 << 20, "");
+    try {
+      loaded.Load(file);
+      ADD_FAILURE() << "byte " << patch.first << " = " << patch.second << " must be refused";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kDataLoss) << e.what();
+    }
+    EXPECT_EQ(loaded.stats().entries, 0u);
+  }
+  write_patched({{rows_at, 4}, {cols_at, 1}});  // 4 x 1: another shape of the same values, well formed
+  ActivationCache reshaped(1 << 20, "");
+  reshaped.Load(file);
+  EXPECT_EQ(reshaped.Describe(first_id)->rows, 4);
+  EXPECT_EQ(reshaped.Describe(first_id)->cols, 1);
+  std::filesystem::remove(file);
+}
+
+TEST(ActivationCache, AnEntryIsAMatrix) {
+  ActivationCache cache(1 << 20, "");
+  EXPECT_THROW(cache.Insert(1, {1, 2, 3}, 2), Error);
+  EXPECT_THROW(cache.Insert(1, {1, 2}, 0), Error);
+  EXPECT_FALSE(cache.Contains(1));
 }
 
 }  // namespace

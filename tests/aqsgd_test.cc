@@ -8,7 +8,9 @@
 #include <filesystem>
 #include <random>
 
+#include "aqsgd_frames.h"
 #include "common/base/error.h"
+#include "quant/checksum.h"
 #include "test_tensors.h"
 
 namespace amaq::quant {
@@ -178,7 +180,7 @@ TEST(Aqsgd, ADeltaOnAnotherEntryThanTheReceiversIsRefusedAndTheStepComesAgainInF
   restored.cache().Load(file);
 
   const std::vector<float> held = *restored.cache().Find(1);
-  const std::optional<uint64_t> held_tag = restored.cache().TagOf(1);
+  const std::optional<uint64_t> held_tag = restored.cache().Describe(1)->tag;
   const auto y = Drift(x, 0.1f, 13);
   const Encoded refused = sender.Encode(y.data(), {1, 2}, kRows, kCols);
   try {
@@ -188,7 +190,7 @@ TEST(Aqsgd, ADeltaOnAnotherEntryThanTheReceiversIsRefusedAndTheStepComesAgainInF
     EXPECT_EQ(e.code(), ErrorCode::kFailedPrecondition) << e.what();
   }
   EXPECT_EQ(*restored.cache().Find(1), held) << "the refused frame changed the cache";
-  EXPECT_EQ(restored.cache().TagOf(1), held_tag);
+  EXPECT_EQ(restored.cache().Describe(1)->tag, held_tag);
   std::vector<float> hat(y.size());
   const Encoded full = sender.Encode(y.data(), {1, 2}, kRows, kCols, hat.data(), /*in_full=*/true);
   EXPECT_DOUBLE_EQ(full.average_bits, 16.0);
@@ -261,6 +263,118 @@ TEST(Aqsgd, PartsOfAnotherKindOrShapeAreRefused) {
   EXPECT_THROW(receiver.Decode(frame.data(), frame.size()), Error) << "an empty part of other columns";
   EXPECT_EQ(receiver.cache_stats().entries, 2u);
   EXPECT_NO_THROW(receiver.Decode(second.bytes.data(), second.bytes.size()));
+}
+
+// A delta whose base tag names a held entry but whose rows or columns differ from that entry (a
+// hostile peer, or a cache saved under other settings) is refused as a base not held, and the
+// entry stays as it was; the same frame with the entry's own shape is taken, so the refusals are
+// about the shape. (Before, the longer ones read past the entry's buffer.)
+TEST(Aqsgd, ADeltaOnAHeldEntryOfAnotherShapeIsRefusedWithTheCacheUnchanged) {
+  AqsgdOptions options;
+  AqsgdSender sender(options);
+  AqsgdReceiver receiver(options);
+  const auto x = testing::GaussianTensor(2 * kRows, kCols, 21);
+  const Encoded first = sender.Encode(x.data(), {1}, kRows, kCols);
+  receiver.Decode(first.bytes.data(), first.bytes.size());
+  const uint64_t tag = WireChecksum(first.bytes.data(), first.bytes.size());
+  ASSERT_EQ(receiver.cache().Describe(1)->tag, tag);
+  const std::vector<float> held = *receiver.cache().Find(1);
+  const std::pair<int64_t, int64_t> shapes[] = {
+      {2 * kRows, kCols}, {kRows, kCols + 3}, {kRows / 2, kCols * 2}, {1, 1}};  // longer, wider, equal size, shorter
+  for (const auto& [rows, cols] : shapes) {
+    const std::vector<uint8_t> frame = testing::DeltaFrameOn(tag, {1}, rows, cols, x.data());
+    try {
+      receiver.Decode(frame.data(), frame.size());
+      ADD_FAILURE() << rows << " x " << cols << ": a delta on an entry of another shape must be refused";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kFailedPrecondition) << e.what();
+      EXPECT_NE(std::string(e.what()).find("shape changed"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(*receiver.cache().Find(1), held) << rows << " x " << cols;
+    EXPECT_EQ(receiver.cache().Describe(1)->tag, tag);
+  }
+  const std::vector<uint8_t> own = testing::DeltaFrameOn(tag, {1}, kRows, kCols, x.data());
+  EXPECT_NO_THROW(receiver.Decode(own.data(), own.size())) << "the hand-made frame is valid at the entry's shape";
+}
+
+// A sample whose shape changed since it last crossed (rows 1 -> 2, columns 3 -> 5) goes in full,
+// and the receiver gets what the sender holds; at the same shape again it goes as a delta. (Before,
+// the sender read past its entry and the receiver got 1.86 and 0 for 2.0.)
+TEST(Aqsgd, ASampleWhoseShapeChangedIsSentInFull) {
+  AqsgdOptions options;
+  options.warmup_scheme = Scheme::kFloat32;
+  AqsgdSender sender(options);
+  AqsgdReceiver receiver(options);
+  const std::vector<float> small(3, 1.0f), large(10, 2.0f);
+  const Encoded first = sender.Encode(small.data(), {1}, 1, 3);
+  receiver.Decode(first.bytes.data(), first.bytes.size());
+  std::vector<float> hat(large.size());
+  const Encoded grown = sender.Encode(large.data(), {1}, 2, 5, hat.data());
+  EXPECT_DOUBLE_EQ(grown.average_bits, 32.0) << "sent in full";
+  EXPECT_EQ(hat, large);
+  EXPECT_EQ(receiver.Decode(grown.bytes.data(), grown.bytes.size()).values, large);
+  const Encoded again = sender.Encode(large.data(), {1}, 2, 5, hat.data());
+  EXPECT_DOUBLE_EQ(again.average_bits, 4.0) << "the same shape again is a delta";
+  EXPECT_EQ(receiver.Decode(again.bytes.data(), again.bytes.size()).values, hat);
+  EXPECT_EQ(receiver.cache().Describe(1)->rows, 2);
+  EXPECT_EQ(receiver.cache().Describe(1)->cols, 5);
+}
+
+// What the sender writes, the receiver takes: a delta from 6e4 to 1e38 decodes at 4 bits (the
+// decoder used to check every group against 255 steps, which overflows fp32 whatever the width).
+// One to 3e38 cannot be decoded at 4 bits (14 steps of 3e38 / 7 overflow fp32): the sender refuses
+// it with the decoder's text, before its cache changes.
+TEST(Aqsgd, ADeltaNearFp32sLimitIsTakenOrRefusedByTheSender) {
+  AqsgdOptions options;
+  options.warmup_scheme = Scheme::kFloat32;
+  AqsgdSender sender(options);
+  AqsgdReceiver receiver(options);
+  const std::vector<float> before(4, 6e4f), after(4, 1e38f), beyond(4, 3e38f);
+  const Encoded first = sender.Encode(before.data(), {1}, 1, 4);
+  receiver.Decode(first.bytes.data(), first.bytes.size());
+  std::vector<float> hat(after.size());
+  const Encoded delta = sender.Encode(after.data(), {1}, 1, 4, hat.data());
+  EXPECT_DOUBLE_EQ(delta.average_bits, 4.0);
+  EXPECT_EQ(receiver.Decode(delta.bytes.data(), delta.bytes.size()).values, hat);
+  try {
+    sender.Encode(beyond.data(), {1}, 1, 4);
+    ADD_FAILURE() << "a delta that cannot be decoded must be refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("beyond fp32's range"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(*sender.cache().Find(1), hat) << "the refused encode changed the sender's cache";
+}
+
+// The codes aqsgd.h promises: a frame whose samples have no rows or no columns, or whose part does
+// not fit its sample list, is malformed (kDataLoss), not an argument or a limit.
+TEST(Aqsgd, MalformedShapesAreDataLoss) {
+  AqsgdOptions options;
+  AqsgdReceiver receiver(options);
+  const auto x = testing::GaussianTensor(kRows, kCols, 22);
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{0, kCols}, {kRows, 0}}) {
+    const std::vector<uint8_t> frame = testing::DeltaFrameOn(7, {1}, rows, cols, x.data());
+    try {
+      receiver.Decode(frame.data(), frame.size());
+      ADD_FAILURE() << rows << " x " << cols;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kDataLoss) << e.what();
+    }
+  }
+  AqsgdSender sender(options);
+  const Encoded first = sender.Encode(x.data(), {1}, kRows, kCols);
+  EncodeOptions symmetric;
+  symmetric.scheme = Scheme::kSymmetric;
+  // Its one sample is full, so its delta part has no rows: one of kRows - 1 rows does not fit.
+  const std::vector<uint8_t> frame = WithDeltaPart(
+      first.bytes, 1, Encoder().Encode(x.data(), kRows - 1, kCols, BitsTable::Uniform(4), symmetric).bytes);
+  try {
+    receiver.Decode(frame.data(), frame.size());
+    ADD_FAILURE() << "a part of other rows than its samples";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kDataLoss) << e.what();
+  }
+  EXPECT_EQ(receiver.cache_stats().entries, 0u);
 }
 
 }  // namespace

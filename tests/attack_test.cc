@@ -17,11 +17,15 @@
 #include <fstream>
 #include <thread>
 
+#include "aqsgd_frames.h"
 #include "http_get.h"
 #include "network_fixture.h"
 #include "process.h"
 #include "proto/step_messages.h"
+#include "quant/aqsgd.h"
+#include "quant/checksum.h"
 #include "server/metrics_http.h"
+#include "test_tensors.h"
 #include "zstd_bomb.h"
 
 namespace amaq {
@@ -247,6 +251,45 @@ TEST_F(Network, EchoesAreBoundedAndBadStepIdsAndEmptyStepsRefused) {
   const grpc::Status status = SendSteps(*stub, {padding});
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
   EXPECT_EQ(split_->Stats().at("client-2").steps, 0);
+}
+
+// Round two, item 1: an authenticated client sends a full AQ-SGD step of 1 x 2 tokens, then one of
+// 1 x 4 tokens whose delta names the entry the first step set. It is refused with
+// FAILED_PRECONDITION and nothing is applied (before, the server added 4 x hidden values to an
+// entry of 2 x hidden: a heap read past its end, trained on); the same sample sent in full at its
+// new shape, as the client's sender now does, trains.
+TEST_F(Network, AnAqsgdDeltaOnAnEntryOfAnotherShapeIsRefused) {
+  StartServer();
+  auto stub = RawStub();
+  ASSERT_TRUE(RawJoin(*stub, kToken2, "client-2", "aqsgd:4").ok());
+  const int64_t hidden = split_->config().hidden_size;
+  const std::vector<float> x = testing::GaussianTensor(4, hidden, 31);
+  const auto step = [&](int64_t id, int64_t tokens, const std::vector<uint8_t>& frame) {
+    StepRequest r = FirstChunk(std::string(frame.begin(), frame.end()), 1);
+    r.set_step_id(id);
+    r.set_tokens(tokens);
+    for (int64_t t = 2; t < tokens; ++t) {
+      r.add_attention_mask(1);
+      r.add_labels(3);
+    }
+    r.add_sample_ids(9);
+    return SendSteps(*stub, {r});
+  };
+  quant::AqsgdSender sender(quant::AqsgdOptions{});
+  const quant::Encoded first = sender.Encode(x.data(), {9}, 2, hidden);
+  const grpc::Status applied = step(0, 2, first.bytes);
+  ASSERT_TRUE(applied.ok()) << applied.error_message();
+  const uint64_t entry = quant::WireChecksum(first.bytes.data(), first.bytes.size());
+  const grpc::Status refused = step(1, 4, testing::DeltaFrameOn(entry, {9}, 4, hidden, x.data()));
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << refused.error_message();
+  EXPECT_NE(refused.error_message().find("shape changed"), std::string::npos) << refused.error_message();
+  EXPECT_EQ(split_->Stats().at("client-2").steps, 1);
+  const quant::Encoded grown = sender.Encode(x.data(), {9}, 4, hidden);
+  EXPECT_DOUBLE_EQ(grown.average_bits, 16.0) << "the sender sends a sample whose shape changed in full";
+  ASSERT_TRUE(RawJoin(*stub, kToken2, "client-2", "aqsgd:4").ok());
+  const grpc::Status again = step(1, 4, grown.bytes);
+  EXPECT_TRUE(again.ok()) << again.error_message();
+  EXPECT_EQ(split_->Stats().at("client-2").steps, 2);
 }
 
 namespace asio = boost::asio;
