@@ -4,7 +4,9 @@
 #include <string>
 #include <vector>
 
+#include "aqsgd_frames.h"
 #include "quant/aqsgd.h"
+#include "quant/checksum.h"
 #include "quant/codec.h"
 
 using namespace amaq::quant;
@@ -51,6 +53,14 @@ int main(int argc, char** argv) {
   write(sender.Encode(x.data(), {1, 2, 3}, 2, 10).bytes);  // all full: an empty delta part
   write(sender.Encode(x.data(), {1, 2, 4}, 2, 10).bytes);  // both parts
   write(sender.Encode(x.data(), {1, 2, 3}, 2, 10).bytes);  // all deltas: an empty full part
+  // Deltas on the fuzz target's primed entries: of their own shape, and of others (longer, wider,
+  // the same size in another shape).
+  const std::vector<uint8_t> prime = amaq::testing::FuzzPrimeFrame();
+  const uint64_t primed = WireChecksum(prime.data(), prime.size());
+  write(amaq::testing::DeltaFrameOn(primed, {1, 2}, 2, 10, x.data()));
+  write(amaq::testing::DeltaFrameOn(primed, {1}, 4, 10, x.data()));
+  write(amaq::testing::DeltaFrameOn(primed, {2}, 2, 15, x.data()));
+  write(amaq::testing::DeltaFrameOn(primed, {3}, 1, 20, x.data()));
   std::printf("wrote %d seeds to %s\n", n, dir.c_str());
   return 0;
 }
