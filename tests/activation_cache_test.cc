@@ -123,18 +123,21 @@ TEST(ActivationCache, SavedEntriesLoadBackWithTheirTags) {
   std::filesystem::remove(file);
 }
 
+// Saves a cache of two entries of four values (2 x 2, and the second `second_cols` wide) to `file`
+// and returns the file's bytes.
+std::string SaveTwoEntries(const std::string& file, int64_t second_cols) {
+  ActivationCache cache(1 << 20, "");
+  cache.Insert(1, {1, 2, 3, 4}, 2, 5);
+  cache.Insert(2, {5, 6, 7, 8}, second_cols, 6);
+  cache.Save(file);
+  std::ifstream in(file, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
 // A damaged or truncated cache file is refused whole: nothing of it is taken.
 TEST(ActivationCache, ADamagedFileLoadsNothing) {
   const std::string file = FreshDir("damaged");
-  ActivationCache cache(1 << 20, "");
-  cache.Insert(1, {1, 2, 3, 4}, 2, 5);
-  cache.Insert(2, {5, 6, 7, 8}, 2, 6);
-  cache.Save(file);
-  std::string bytes;
-  {
-    std::ifstream in(file, std::ios::binary);
-    bytes.assign(std::istreambuf_iterator<char>(in), {});
-  }
+  const std::string bytes = SaveTwoEntries(file, 2);
   const auto write = [&](const std::string& b) { std::ofstream(file, std::ios::binary | std::ios::trunc) << b; };
   for (size_t at : {size_t{0}, size_t{13}, size_t{30}, bytes.size() - 9}) {
     std::string damaged = bytes;
@@ -160,15 +163,7 @@ TEST(ActivationCache, ADamagedFileLoadsNothing) {
 // appears once; a well-sealed file that breaks either rule is refused whole.
 TEST(ActivationCache, AFileWithARepeatedSampleOrAnEntryWithoutRowsLoadsNothing) {
   const std::string file = FreshDir("rules");
-  ActivationCache cache(1 << 20, "");
-  cache.Insert(1, {1, 2, 3, 4}, 2, 5);
-  cache.Insert(2, {5, 6, 7, 8}, 4, 6);
-  cache.Save(file);
-  std::string bytes;
-  {
-    std::ifstream in(file, std::ios::binary);
-    bytes.assign(std::istreambuf_iterator<char>(in), {});
-  }
+  const std::string bytes = SaveTwoEntries(file, 4);
   constexpr size_t kHeader = 4 + 1 + 8, kEntry = 8 + 8 + 8 + 8 + 4 * sizeof(float);
   ASSERT_EQ(bytes.size(), kHeader + 2 * kEntry + 8);
   // Writes the file with the u64 fields at the given offsets patched, sealed again as a writer
