@@ -9,14 +9,21 @@
 //   out         the run's result, one JSON object (written atomically at the end)
 //   channels    AMAQ only: per-channel final width and cut statistics, CSV
 //   curve       the run's per-step CSV (the client's own format)
+// The result names its build: the commit and whether the tree was dirty when it was built, the
+// LibTorch version, the compiler and the CPU (scripts/study refuses to pair runs of two commits).
 // Splits: WordNet topics report on the test split; verb past tense holds out 30% of the regular
 // verbs' training split (by a hash of the verb) as its report split; both tune on validation.
 #include <nlohmann/json.hpp>
 
+#include <torch/version.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
+#include <string>
 
+#include "build_stamp.h"
 #include "client/client_config.h"
 #include "client/local_transport.h"
 #include "client/split_client.h"
@@ -32,6 +39,25 @@
 using namespace amaq;
 
 namespace {
+
+std::string Compiler() {
+#if defined(__clang__)
+  return "clang " __clang_version__;
+#elif defined(__GNUC__)
+  return "gcc " __VERSION__;
+#else
+  return "unknown";
+#endif
+}
+
+// The first "model name" of /proc/cpuinfo; "unknown" where there is none.
+std::string CpuModel() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) return line.substr(line.find(':') + 2);
+  }
+  return "unknown";
+}
 
 Config StudyConfig() {
   Config c = client::ClientConfig("amaq-study");
@@ -145,6 +171,8 @@ int Run(const Config& c) {
   j["loss_last"] = Mean(loss, steps - tenth, steps);
   j["loss_max_second_half"] = *std::max_element(loss.begin() + static_cast<long>(steps / 2), loss.end());
   j["seconds"] = seconds;
+  j["build"] = {{"commit", AMAQ_BUILD_COMMIT}, {"dirty", AMAQ_BUILD_DIRTY}, {"libtorch", TORCH_VERSION},
+                {"compiler", Compiler()}, {"cpu", CpuModel()}};
   WriteFileAtomically(c.String("out"), j.dump(1) + "\n");
   if (!c.String("channels").empty()) WriteChannels(c.String("channels"), client.GateBits(), cut.Channels());
   std::printf("%s %s seed %llu: metric %.4f on %lld examples, %.2f bits (last quarter %.2f), %.2f MB, %.0f s\n",

@@ -67,7 +67,9 @@ FAKE_RUN = textwrap.dedent("""\
     result = dict(task=args["task"], method=args["method"], seed=int(args["seed"]), steps=8, eval_split="report",
                   eval_examples=100, metric=0.3 + 0.01 * int(args["seed"]), correct=30, bits_mean=4.0, bits_q1=8,
                   bits_q2=4, bits_q3=3, bits_q4=3, bits_last_quarter=3.0, train_bytes_up=1000, train_bytes_down=900,
-                  eval_bytes=10, loss_first=2.0, loss_last=1.0, loss_max_second_half=1.2, seconds=0.1)
+                  eval_bytes=10, loss_first=2.0, loss_last=1.0, loss_max_second_half=1.2, seconds=0.1,
+                  build=dict(commit=args.get("commit", "c0"), dirty=False, libtorch="2.13.0", compiler="gcc 12",
+                             cpu="test CPU"))
     with open(args["out"], "w") as f:
         json.dump(result, f)
 """)
@@ -140,6 +142,27 @@ class Resume(unittest.TestCase):
                                      capture_output=True, text=True)
             self.assertNotEqual(refused.returncode, 0)
             self.assertIn("has no runs/ folder: run that study first", refused.stderr)
+
+
+class Builds(unittest.TestCase):
+    def test_pairs_of_runs_from_two_commits_are_refused_unless_asked_and_then_listed(self):
+        with tempfile.TemporaryDirectory() as d:
+            fake, counter = fake_program(d)
+            grid = os.path.join(d, "grid.yaml")
+            with open(grid, "w") as f:  # fixed:3:channel's runs name another commit than bf16's
+                f.write(f"name: t\nprogram: {fake}\nsettings: {{counter: {counter}, commit: c1}}\n"
+                        "tasks: {wordnet: {}}\nseeds: [1, 2]\ncompare: [[bf16, 'fixed:3:channel']]\n"
+                        "methods: [bf16, {method: 'fixed:3:channel', settings: {commit: c2}}]\n")
+            out = os.path.join(d, "out")
+            command = [os.path.join(ROOT, "scripts", "study"), grid, "--out", out]
+            refused = subprocess.run(command, capture_output=True, text=True)
+            self.assertNotEqual(refused.returncode, 0)
+            self.assertIn("wordnet: bf16 - fixed:3:channel: c1, c2", refused.stderr)
+            with open(os.path.join(out, "results.csv")) as f:
+                self.assertIn("c2,2.13.0,gcc 12,test CPU", f.read(), "each run's build is in results.csv")
+            marked = subprocess.run(command + ["--mixed-builds"], check=True, capture_output=True, text=True)
+            self.assertIn("| bf16 | fixed:3:channel (runs of several commits) |", marked.stdout)
+            self.assertIn("| c1 | 2.13.0 | gcc 12 | test CPU | 2 |", marked.stdout)
 
 
 if __name__ == "__main__":
