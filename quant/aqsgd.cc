@@ -187,8 +187,8 @@ AqsgdDecoded AqsgdReceiver::Decode(const uint8_t* data, size_t size, int64_t exp
       Decoder(limits_).Decode(bytes, part_size, &part, part_shape(part_samples));
     } catch (const Error& e) {
       if (e.code() != ErrorCode::kInvalidArgument) throw;
-      throw Error(ErrorCode::kDataLoss, std::string("AQ-SGD frame's ") + name + " part does not fit its sample list (" +
-                                            e.what() + "): the message is corrupted");
+      throw Error(ErrorCode::kDataLoss,
+                  std::string("AQ-SGD frame's ") + name + " part is invalid (" + e.what() + "): the message is corrupted");
     }
     return part;
   };
