@@ -4,13 +4,18 @@
 //   split       fp32 split training, the server's layers on --server-device and the client's on
 //               the CPU, follows unsplit training on the CPU step for step: the largest relative
 //               loss difference over the steps must stay within --tolerance. Exit 1 otherwise.
+//               --adapter-out / --merged-out: the run's whole adapter (both halves), and the base
+//               with it merged, as the client writes them.
 //   throughput  the server's layers (forward + backward through LoRA, the work of one step) on
 //               --device: samples/s and tokens/s per batch size, one JSON line per batch.
 //   batching    the server's compute stage (SplitServer + StepWorker) on --device under N replaying
 //               clients, each step alone and batched: samples/s, p50/p99 latency, one JSON line each.
 //   logits      the logits of a model directory for --ids, as float32 [T, V] in --out; with
 //               --adapter-out, first a LoRA with random A and B is added, written there as a PEFT
-//               adapter and merged, so that PEFT's logits for that adapter can be compared.
+//               adapter and merged, so that PEFT's logits for that adapter can be compared; with
+//               --adapter, a PEFT adapter (amaq's or peft's own) is loaded and merged first. With
+//               --greedy N, also the N tokens greedy decoding continues --ids with, through the
+//               KV-cached decoder amaq-generate uses (no stop at EOS).
 #include <CLI/CLI.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -26,6 +31,7 @@
 #include "client/split_client.h"
 #include "common/base/error.h"
 #include "common/model/checkpoint.h"
+#include "common/model/decoders.h"
 #include "common/model/finetune.h"
 #include "common/text/datasets.h"
 #include "bench/gpu/replay_clients.h"
@@ -48,6 +54,7 @@ struct SplitCheck {
   std::string server_device = "cuda";
   int64_t steps = 20;
   double tolerance = 1e-4;
+  std::string adapter_out, merged_out;  // empty: not written
 };
 
 int RunSplit(const SplitCheck& c) {
@@ -81,6 +88,8 @@ int RunSplit(const SplitCheck& c) {
   co.seed = local.seed;
   co.eval_examples = local.eval_examples;
   co.progress = false;
+  co.adapter_out = c.adapter_out;
+  co.merged_out = c.merged_out;
   client::DirectTransport transport(server);
   client::SplitClient client(co, data, transport);
   client.Run();
@@ -208,12 +217,42 @@ struct LogitsCheck {
   std::string out;
   std::string adapter_out;
   uint64_t lora_seed = 5;
+  std::string adapter;  // a PEFT adapter to load and merge first
+  int64_t greedy = 0;
 };
 
-int RunLogits(const LogitsCheck& c) {
-  const ModelConfig config = ModelConfig::Load(c.model_dir + "/config.json");
+// The model of c.model_dir, with c.adapter merged in when given (it must cover every LoRA tensor).
+ModelPart LoadForLogits(const LogitsCheck& c, const ModelConfig& config) {
+  if (!c.adapter.empty()) {
+    MergedModel merged = LoadMergedModel(c.model_dir, c.adapter);
+    Require(merged.covered == merged.lora_tensors, ErrorCode::kDataLoss,
+            c.adapter + " holds " + std::to_string(merged.covered) + " of the model's " +
+                std::to_string(merged.lora_tensors) + " LoRA tensors: give an adapter of every layer");
+    return merged.model;
+  }
   ModelPart model(config, PartSpec::Whole(config));
   LoadPartWeights(model, c.model_dir);
+  return model;
+}
+
+// The `count` tokens greedy decoding continues `ids` [1, T] with, as a JSON list.
+std::string GreedyTokens(ModelPart& model, const torch::Tensor& ids, int64_t count) {
+  CachedDecoder decoder(model);
+  torch::Tensor logits = decoder.Prefill(ids, torch::ones_like(ids)).first;
+  std::string list;
+  for (int64_t t = 0; t < count; ++t) {
+    const int64_t token = logits.select(1, logits.size(1) - 1).argmax(-1)[0].item<int64_t>();
+    list += (t ? ", " : "") + std::to_string(token);
+    if (t + 1 < count) logits = decoder.Extend(torch::tensor({token}, torch::kLong));
+  }
+  return "[" + list + "]";
+}
+
+int RunLogits(const LogitsCheck& c) {
+  Require(c.adapter.empty() || c.adapter_out.empty(), ErrorCode::kInvalidArgument,
+          "--adapter loads an adapter and --adapter-out writes a random one: give one of them");
+  const ModelConfig config = ModelConfig::Load(c.model_dir + "/config.json");
+  ModelPart model = LoadForLogits(c, config);
   if (!c.adapter_out.empty()) {
     const LoraConfig lora = EveryProjection(8);
     model->AddLora(lora, c.lora_seed);
@@ -236,8 +275,9 @@ int RunLogits(const LogitsCheck& c) {
   std::ofstream out(c.out, std::ios::binary);
   out.write(reinterpret_cast<const char*>(logits.data_ptr<float>()), static_cast<std::streamsize>(logits.numel() * sizeof(float)));
   Require(static_cast<bool>(out), ErrorCode::kFailedPrecondition, "could not write " + c.out + ": check the folder exists and the disk has room");
-  std::printf("{\"check\": \"logits\", \"tokens\": %lld, \"vocab\": %lld, \"out\": \"%s\"}\n", static_cast<long long>(t),
-              static_cast<long long>(config.vocab_size), c.out.c_str());
+  const std::string greedy = c.greedy > 0 ? GreedyTokens(model, ids, c.greedy) : "[]";
+  std::printf("{\"check\": \"logits\", \"tokens\": %lld, \"vocab\": %lld, \"out\": \"%s\", \"greedy\": %s}\n",
+              static_cast<long long>(t), static_cast<long long>(config.vocab_size), c.out.c_str(), greedy.c_str());
   return 0;
 }
 
@@ -252,6 +292,8 @@ int main(int argc, char** argv) {
   s->add_option("--server-device", split.server_device, "where the server's layers run")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
   s->add_option("--steps", split.steps, "training steps")->check(CLI::Range(1, 10000))->capture_default_str();
   s->add_option("--tolerance", split.tolerance, "largest relative loss difference allowed")->capture_default_str();
+  s->add_option("--adapter-out", split.adapter_out, "write the run's whole adapter (both halves) here");
+  s->add_option("--merged-out", split.merged_out, "write the base with that adapter merged here (needs --adapter-out)");
   ThroughputCheck throughput;
   CLI::App* t = app.add_subcommand("throughput", "samples/s of the server's layers, forward and backward");
   t->add_option("--model", throughput.model_dir, "model directory whose config gives the shape (--shape model)")->capture_default_str();
@@ -276,6 +318,8 @@ int main(int argc, char** argv) {
   l->add_option("--out", logits.out, "output file")->required();
   l->add_option("--adapter-out", logits.adapter_out, "add a random LoRA, write it here as a PEFT adapter, merge it");
   l->add_option("--lora-seed", logits.lora_seed, "seed of that LoRA")->capture_default_str();
+  l->add_option("--adapter", logits.adapter, "load this PEFT adapter and merge it first");
+  l->add_option("--greedy", logits.greedy, "also print this many greedy next tokens (KV cache)")->check(CLI::Range(0, 4096));
   CLI11_PARSE(app, argc, argv);
   spdlog::set_default_logger(spdlog::stderr_color_mt("amaq-gpu-check"));  // stdout holds the JSON lines
   try {
