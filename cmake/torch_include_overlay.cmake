@@ -1,0 +1,36 @@
+# PyTorch's wheels ship, beside LibTorch's own headers, copies of the libraries they were built with
+# (torch/include/fmt: fmt 12; torch/include/google: protobuf), which would shadow Debian's fmt 9
+# (that Debian's spdlog needs) and protobuf 3.21 (that our generated .pb.h needs). Where an include
+# folder of LibTorch's imported targets holds such copies, it is replaced by a folder of links to
+# everything else in it. Debian's LibTorch lives in /usr/include, a compiler default, and is left as it is.
+set(_overlay ${CMAKE_BINARY_DIR}/torch-include)
+file(REMOVE_RECURSE ${_overlay})  # made anew at each configure: the LibTorch found may have changed
+foreach(_target torch torch_library torch_cpu torch_cpu_library c10 torch_global_deps)
+  if(NOT TARGET ${_target})
+    continue()
+  endif()
+  get_target_property(_includes ${_target} INTERFACE_INCLUDE_DIRECTORIES)
+  if(NOT _includes)
+    continue()
+  endif()
+  set(_replaced)
+  foreach(_dir IN LISTS _includes)
+    file(REAL_PATH ${_dir} _real)
+    if((EXISTS ${_dir}/fmt OR EXISTS ${_dir}/google) AND NOT _real IN_LIST CMAKE_CXX_IMPLICIT_INCLUDE_DIRECTORIES)
+      if(NOT EXISTS ${_overlay})
+        file(MAKE_DIRECTORY ${_overlay})
+        file(GLOB _entries RELATIVE ${_dir} ${_dir}/*)
+        foreach(_entry IN LISTS _entries)
+          if(NOT _entry STREQUAL "fmt" AND NOT _entry STREQUAL "google")
+            file(CREATE_LINK ${_dir}/${_entry} ${_overlay}/${_entry} SYMBOLIC)
+          endif()
+        endforeach()
+        message(STATUS "LibTorch's bundled fmt and protobuf headers left out: ${_dir} is used through ${_overlay}")
+      endif()
+      list(APPEND _replaced ${_overlay})
+    else()
+      list(APPEND _replaced ${_dir})
+    endif()
+  endforeach()
+  set_target_properties(${_target} PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${_replaced}")
+endforeach()
