@@ -16,6 +16,8 @@
 //               --adapter, a PEFT adapter (amaq's or peft's own) is loaded and merged first. With
 //               --greedy N, also the N tokens greedy decoding continues --ids with, through the
 //               KV-cached decoder amaq-generate uses (no stop at EOS).
+//   tokenize    the token ids amaq's tokenizer of a model directory gives each text of --texts (a
+//               JSON array of strings; special tokens parsed), as one JSON line.
 #include <CLI/CLI.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -27,12 +29,15 @@
 #include <cstdio>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
 #include "client/direct_transport.h"
 #include "client/split_client.h"
 #include "common/base/error.h"
 #include "common/model/checkpoint.h"
 #include "common/model/decoders.h"
 #include "common/model/finetune.h"
+#include "common/text/tokenizer.h"
 #include "common/text/datasets.h"
 #include "bench/gpu/replay_clients.h"
 #include "server/split_server.h"
@@ -281,10 +286,32 @@ int RunLogits(const LogitsCheck& c) {
   return 0;
 }
 
+struct TokenizeCheck {
+  std::string model_dir;
+  std::string texts;
+};
+
+int RunTokenize(const TokenizeCheck& c) {
+  std::ifstream in(c.texts);
+  Require(in.good(), ErrorCode::kNotFound, c.texts + ": cannot open the texts (a JSON array of strings)");
+  nlohmann::json texts;
+  try {
+    texts = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(ErrorCode::kInvalidArgument, c.texts + ": not JSON (" + std::string(e.what()) + "): give a JSON array of strings");
+  }
+  Require(texts.is_array(), ErrorCode::kInvalidArgument, c.texts + ": give a JSON array of strings");
+  const std::unique_ptr<Tokenizer> tokenizer = Tokenizer::Load(c.model_dir, SpecialTokens::kParse);
+  nlohmann::json ids = nlohmann::json::array();
+  for (const nlohmann::json& text : texts) ids.push_back(tokenizer->Encode(text.get<std::string>()));
+  std::printf("%s\n", nlohmann::json({{"check", "tokenize"}, {"ids", ids}}).dump().c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"amaq-gpu-check: split equivalence, server throughput and logits for the interop checks (scripts/gpu-check)"};
+  CLI::App app{"amaq-gpu-check: split equivalence, server throughput, and logits and token ids for the interop checks (scripts/gpu-check)"};
   app.require_subcommand(1);
   SplitCheck split;
   CLI::App* s = app.add_subcommand("split", "fp32 split training (server on --server-device) against unsplit CPU training");
@@ -320,12 +347,17 @@ int main(int argc, char** argv) {
   l->add_option("--lora-seed", logits.lora_seed, "seed of that LoRA")->capture_default_str();
   l->add_option("--adapter", logits.adapter, "load this PEFT adapter and merge it first");
   l->add_option("--greedy", logits.greedy, "also print this many greedy next tokens (KV cache)")->check(CLI::Range(0, 4096));
+  TokenizeCheck tokenize;
+  CLI::App* k = app.add_subcommand("tokenize", "the token ids of each text of a JSON array, by a model directory's tokenizer");
+  k->add_option("--model", tokenize.model_dir, "model directory")->required();
+  k->add_option("--texts", tokenize.texts, "a JSON file: an array of strings")->required();
   CLI11_PARSE(app, argc, argv);
   spdlog::set_default_logger(spdlog::stderr_color_mt("amaq-gpu-check"));  // stdout holds the JSON lines
   try {
     if (s->parsed()) return RunSplit(split);
     if (t->parsed()) return RunThroughput(throughput);
     if (b->parsed()) return RunBatching(batching);
+    if (k->parsed()) return RunTokenize(tokenize);
     return RunLogits(logits);
   } catch (const Error& e) {
     spdlog::error("{}", e.what());
