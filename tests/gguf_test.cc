@@ -17,11 +17,13 @@
 
 #include "common/base/error.h"
 #include "quant/half.h"
+#include "gguf_writer.h"
 
 namespace amaq {
 namespace {
 
 using quant::FloatToHalf;
+using testing_gguf::GgufWriter;
 
 void PutHalf(std::vector<uint8_t>& b, size_t at, float value) {
   const uint16_t h = FloatToHalf(value);
@@ -179,35 +181,11 @@ TEST(Gguf, FloatTypesAreReadLittleEndian) {
   EXPECT_EQ(Dequantized(GgmlType::kBF16, bf16, 4), (std::vector<float>{1.0f, -2.5f, 65536.0f, 0.0f}));
 }
 
-// Writes a GGUF file as gguf.md lays it out.
-class GgufWriter {
- public:
-  explicit GgufWriter(uint32_t version = 3) {
-    Raw("GGUF", 4);
-    U32(version);
-  }
-  void U8(uint8_t v) { Raw(&v, 1); }
-  void U32(uint32_t v) { Raw(&v, 4); }
-  void U64(uint64_t v) { Raw(&v, 8); }
-  void F32(float v) { Raw(&v, 4); }
-  void Str(const std::string& s) {
-    U64(s.size());
-    Raw(s.data(), s.size());
-  }
-  void Raw(const void* p, size_t n) {
-    const auto* c = static_cast<const uint8_t*>(p);
-    bytes.insert(bytes.end(), c, c + n);
-  }
-  void PadTo(size_t alignment) {
-    while (bytes.size() % alignment) bytes.push_back(0);
-  }
-  std::vector<uint8_t> bytes;
-};
-
 // A version-3 file with one key of every value type, an array of strings, an array of arrays, a
 // 64-byte alignment, an F32 tensor and a Q8_0 tensor.
 std::vector<uint8_t> SampleFile(uint32_t version = 3) {
-  GgufWriter w(version);
+  GgufWriter w;
+  w.Header(version);
   w.U64(2);   // tensors
   w.U64(15);  // metadata
   const auto key = [&](const std::string& k, uint32_t type) { w.Str(k); w.U32(type); };
