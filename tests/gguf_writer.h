@@ -1,6 +1,7 @@
 // GGUF files for tests, written as gguf.md lays them out: GgufWriter writes the fields one by one
 // (for files that are wrong on purpose); GgufBuilder collects metadata and F32 tensors and writes a
-// valid version-3 file with 32-byte alignment.
+// valid version-3 file with 32-byte alignment; SampleFile is a file with every metadata value type
+// (the reader's tests and the fuzzer's seeds).
 #pragma once
 
 #include <cstdint>
@@ -93,5 +94,41 @@ class GgufBuilder {
   uint64_t keys_ = 0;
   std::vector<TensorData> tensors_;
 };
+
+// A version-3 file with one key of every value type, an array of strings, an array of arrays, a
+// 64-byte alignment, an F32 tensor and a Q8_0 tensor.
+inline std::vector<uint8_t> SampleFile(uint32_t version = 3) {
+  GgufWriter w;
+  w.Header(version);
+  w.U64(2);   // tensors
+  w.U64(15);  // metadata
+  const auto key = [&](const std::string& k, uint32_t type) { w.Str(k); w.U32(type); };
+  key("u8", 0); w.U8(200);
+  key("i8", 1); w.U8(0xFE);  // -2
+  key("u16", 2); w.Raw("\x34\x12", 2);
+  key("i16", 3); w.Raw("\xFF\xFF", 2);  // -1
+  key("u32", 4); w.U32(4000000000u);
+  key("i32", 5); w.U32(static_cast<uint32_t>(-7));
+  key("f32", 6); w.F32(1e-5f);
+  key("bool", 7); w.U8(1);
+  key("general.architecture", 8); w.Str("llama");
+  key("u64", 10); w.U64(uint64_t{1} << 40);
+  key("i64", 11); w.U64(static_cast<uint64_t>(int64_t{-3}));
+  key("f64", 12); { const double v = 10000.5; w.Raw(&v, 8); }
+  key("tokens", 9); w.U32(8); w.U64(3); w.Str("a"); w.Str("b c"); w.Str("");
+  key("nested", 9); w.U32(9); w.U64(2);
+  w.U32(4); w.U64(2); w.U32(1); w.U32(2);  // [1, 2]
+  w.U32(4); w.U64(0);                      // []
+  key("general.alignment", 4); w.U32(64);
+  // tensor infos: "w" F32 [4, 2] at 0; "q" Q8_0 [32] at 64
+  w.Str("w"); w.U32(2); w.U64(4); w.U64(2); w.U32(0); w.U64(0);
+  w.Str("q"); w.U32(1); w.U64(32); w.U32(8); w.U64(64);
+  w.PadTo(64);
+  for (int i = 0; i < 8; ++i) w.F32(static_cast<float>(i) - 3.5f);
+  w.PadTo(64);
+  w.Raw("\x00\x3c", 2);  // d = 1.0
+  for (int i = 0; i < 32; ++i) w.U8(static_cast<uint8_t>(i - 16));
+  return w.bytes;
+}
 
 }  // namespace amaq::testing_gguf
