@@ -27,11 +27,13 @@ Generation Generate(ModelPart& model, const Tokenizer& tokenizer, const std::str
           "max_new_tokens " + std::to_string(o.max_new_tokens) + " must be >= 1");
   for (const std::string& s : o.stop) Require(!s.empty(), ErrorCode::kInvalidArgument, "a stop string is empty: drop it");
   const ModelConfig& c = model->config();
-  std::vector<int64_t> ids = {c.bos_token_id};
+  std::vector<int64_t> ids;
+  if (o.bos) ids.push_back(c.bos_token_id);
   for (const int64_t id : tokenizer.Encode(prompt)) ids.push_back(id);
+  Require(!ids.empty(), ErrorCode::kInvalidArgument, "the prompt encodes to no tokens: give some text");
   const int64_t room = c.max_position_embeddings - static_cast<int64_t>(ids.size());
   Require(room >= 1, ErrorCode::kInvalidArgument,
-          "the prompt is " + std::to_string(ids.size()) + " tokens with BOS; the model has " +
+          "the prompt is " + std::to_string(ids.size()) + " tokens; the model has " +
               std::to_string(c.max_position_embeddings) + " positions: shorten the prompt");
   const int64_t max_new = std::min(o.max_new_tokens, room);
   at::Generator generator = at::detail::createCPUGenerator(o.seed);

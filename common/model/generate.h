@@ -20,6 +20,9 @@ struct GenerationOptions {
   SamplingOptions sampling;
   std::vector<std::string> stop;  // generation ends before the first of these in the text
   uint64_t seed = 1;
+  // The prompt follows the model's BOS token, as amaq's training rows do (common/model/batching.h);
+  // false for a prompt that is complete as it is (a chat template's text, ChatTemplate::adds_bos).
+  bool bos = true;
 };
 
 struct Generation {
