@@ -11,7 +11,8 @@
 // (common/base/memory.h: any base_weights but fp32, recomputation or bf16 compute); plain fp32
 // runs both ways.
 // Only the parent forks, and it never runs LibTorch itself.
-//   bench_memory [CUT] [BATCH] [TOKENS] [STEPS]     (defaults: 4 1 256 3)
+// With MODEL_DIR, the client part of that model instead (e.g. models/smollm2-135m-instruct).
+//   bench_memory [CUT] [BATCH] [TOKENS] [STEPS] [MODEL_DIR]     (defaults: 4 1 256 3, the random model)
 #include <sys/wait.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -135,11 +136,13 @@ int main(int argc, char** argv) {
   const Setup s{argc > 1 ? std::stoll(argv[1]) : 4, argc > 2 ? std::stoll(argv[2]) : 1,
                 argc > 3 ? std::stoll(argv[3]) : 256, argc > 4 ? std::stoll(argv[4]) : 3};
   if (s.cut < 1 || s.batch < 1 || s.tokens < 1 || s.steps < 2) {
-    std::fprintf(stderr, "usage: bench_memory [CUT >= 1] [BATCH >= 1] [TOKENS >= 1] [STEPS >= 2]\n");
+    std::fprintf(stderr, "usage: bench_memory [CUT >= 1] [BATCH >= 1] [TOKENS >= 1] [STEPS >= 2] [MODEL_DIR]\n");
     return 2;
   }
-  const std::string dir = (std::filesystem::temp_directory_path() / ("amaq-bench-memory-" + std::to_string(getpid()))).string();
-  const std::string written = InChild([&] {
+  const bool random_model = argc <= 5;
+  const std::string dir = random_model ? (std::filesystem::temp_directory_path() / ("amaq-bench-memory-" + std::to_string(getpid()))).string()
+                                       : std::string(argv[5]);
+  const std::string written = !random_model ? "ok" : InChild([&] {
     torch::manual_seed(0);
     const ModelConfig c = BenchConfig(s.cut + 1);
     ModelPart whole(c, PartSpec::Whole(c));
@@ -151,9 +154,9 @@ int main(int argc, char** argv) {
     std::filesystem::remove_all(dir);
     return 1;
   }
-  std::printf("client part: embedding + layers [0, %lld) of a random model with TinyLlama-1.1B's shapes; "
+  std::printf("client part: embedding + layers [0, %lld) of %s; "
               "LoRA rank 16 on every projection; batch %lld x %lld tokens; %lld steps; 2 threads. MiB.\n\n",
-              static_cast<long long>(s.cut), static_cast<long long>(s.batch), static_cast<long long>(s.tokens),
+              static_cast<long long>(s.cut), random_model ? "a random model with TinyLlama-1.1B's shapes" : dir.c_str(), static_cast<long long>(s.batch), static_cast<long long>(s.tokens),
               static_cast<long long>(s.steps));
   std::printf("| base weights | base bytes | LoRA bytes | libraries (RSS before) | after loading | peak | tokens/s |\n"
               "|---|---|---|---|---|---|---|\n");
@@ -176,6 +179,6 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   }
   std::printf("\n'after loading' and 'peak' exclude the libraries' RSS.\n");
-  std::filesystem::remove_all(dir);
+  if (random_model) std::filesystem::remove_all(dir);
   return failures == 0 ? 0 : 1;
 }

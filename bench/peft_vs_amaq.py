@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""peft_vs_amaq.py [--model DIR] [--steps N] [--threads 1,2]: one LoRA fine-tune step, amaq's
+in-process split step against transformers + peft, side by side in one run (docs/benchmarks.md).
+
+amaq: `amaq-study` with the fp32 method (the cut's activations and gradients cross uncompressed,
+still through the codec and the gRPC messages' bytes), cut after layer 2, WordNet topics, batch 16,
+at most 48 tokens, LoRA rank 16 / alpha 32 on q, k, v, o, gate, up and down of every layer, AdamW
+at lr 0.002; its per-step CSV gives each step's wall time and its tokens (the fp32 activation's
+bytes / (hidden * 4)). peft: the same model (the directory's safetensors, fp32) with
+LoraConfig(r=16, lora_alpha=32, the same seven targets), AdamW at 0.002, one training step
+(forward with labels, backward, optimizer step) on random token batches of exactly amaq's shapes,
+step for step. The first WARMUP steps of each are not timed. Prints one JSON line per (side,
+threads) and a markdown table; run it on a quiet machine (it measures wall time).
+"""
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TQDM_DISABLE", "1")
+import torch  # noqa: E402
+import transformers  # noqa: E402
+import peft  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+WARMUP = 2
+
+
+def amaq_steps(model, steps, threads, work):
+    """(tokens, seconds) of each timed step of an amaq-study run."""
+    curve = os.path.join(work, f"amaq-{threads}.csv")
+    command = [os.path.join(ROOT, "build/bin/amaq-study"), f"--model={model}", f"--data={ROOT}/data",
+               "--cut_layer=2", f"--steps={steps + WARMUP}", "--batch=16", "--max_tokens=48", "--lr=0.002",
+               "--method=fp32", f"--threads={threads}", "--eval_examples=1", "--task=wordnet", "--seed=1",
+               f"--out={work}/amaq-{threads}.json", f"--csv={curve}"]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"peft_vs_amaq: amaq-study failed:\n{done.stderr[-2000:]}")
+    hidden = json.load(open(os.path.join(model, "config.json")))["hidden_size"]
+    rows = [r for r in csv.DictReader(open(curve)) if r["metric"] == ""]
+    return [(int(r["up_payload_bytes"]) // (hidden * 4), float(r["seconds"])) for r in rows[WARMUP:]]
+
+
+def peft_steps(model_dir, shapes, threads):
+    """Seconds of peft training steps on random batches of `shapes` ([rows, tokens] each)."""
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    base = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = peft.get_peft_model(base, peft.LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=TARGETS))
+    model.train()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.002)
+    vocab = base.config.vocab_size
+    seconds = []
+    for i, (rows, tokens) in enumerate([shapes[0]] * WARMUP + shapes):
+        ids = torch.randint(0, vocab, (rows, tokens))
+        start = time.perf_counter()
+        optimizer.zero_grad()
+        model(input_ids=ids, labels=ids).loss.backward()
+        optimizer.step()
+        if i >= WARMUP:
+            seconds.append(time.perf_counter() - start)
+    return seconds
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=os.path.join(ROOT, "models/smollm2-135m-instruct"))
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--threads", default="1,2")
+    args = parser.parse_args()
+    results = []
+    with tempfile.TemporaryDirectory() as work:
+        for threads in [int(t) for t in args.threads.split(",")]:
+            ours = amaq_steps(args.model, args.steps, threads, work)
+            tokens = sum(t for t, _ in ours)
+            amaq_rate = tokens / sum(s for _, s in ours)
+            theirs = peft_steps(args.model, [(16, t // 16) for t, _ in ours], threads)
+            peft_rate = tokens / sum(theirs)
+            for side, rate in [("amaq", amaq_rate), ("peft", peft_rate)]:
+                line = {"bench": "peft_vs_amaq", "side": side, "threads": threads, "steps": len(ours),
+                        "tokens": tokens, "tokens_per_s": round(rate, 1), "torch": torch.__version__,
+                        "transformers": transformers.__version__, "peft": peft.__version__}
+                print(json.dumps(line), flush=True)
+            results.append((threads, amaq_rate, peft_rate))
+    print("\n| threads | amaq split step (tokens/s) | peft step (tokens/s) | amaq / peft |\n|---|---|---|---|")
+    for threads, amaq_rate, peft_rate in results:
+        print(f"| {threads} | {amaq_rate:.0f} | {peft_rate:.0f} | {amaq_rate / peft_rate:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
