@@ -289,7 +289,11 @@ GgufFile GgufFile::Open(const std::string& path) {
   Require(fd >= 0, ErrorCode::kNotFound,
           path + ": cannot open GGUF file (" + std::strerror(errno) + "): check the path");
   struct stat st {};
-  fstat(fd, &st);
+  if (fstat(fd, &st) != 0) {
+    const int error = errno;
+    close(fd);
+    throw Error(ErrorCode::kNotFound, path + ": cannot read the GGUF file's size (" + std::strerror(error) + "): check the path");
+  }
   auto mapping = std::make_shared<Mapping>();
   if (st.st_size > 0) {
     mapping->address = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
