@@ -198,6 +198,21 @@ TEST_F(BadCheckpoint, MissingTensor) {
   EXPECT_TRUE(Mentions(e, "model.layers.2.mlp.up_proj.weight")) << e.what();
 }
 
+TEST_F(BadCheckpoint, NonFiniteWeightsAreRefusedByName) {
+  uint64_t n;
+  std::memcpy(&n, bytes_.data(), 8);
+  const nlohmann::json header = nlohmann::json::parse(bytes_.substr(8, n));
+  const uint64_t begin = 8 + n + header["model.layers.1.self_attn.v_proj.weight"]["data_offsets"][0].get<uint64_t>();
+  for (const uint32_t bits : {0xFFFFFFFFu, 0x7F800000u}) {  // a NaN, then +infinity, as its third value
+    std::string damaged = bytes_;
+    std::memcpy(&damaged[begin + 8], &bits, 4);
+    WriteBytes(file_, damaged);
+    const Error e = LoadError();
+    EXPECT_EQ(e.code(), ErrorCode::kDataLoss);
+    EXPECT_TRUE(Mentions(e, "model.layers.1.self_attn.v_proj.weight") && Mentions(e, "not finite")) << e.what();
+  }
+}
+
 TEST_F(BadCheckpoint, ShapeDisagreesWithConfig) {
   config_.intermediate_size = 40;
   const Error e = LoadError();

@@ -140,6 +140,18 @@ const TensorEntry& SafetensorsFile::Entry(const std::string& name) const {
   return it->second;
 }
 
+namespace {
+// Whether every value of `t` is finite: fp32 by its exponent bits (all ones: NaN or infinity) in
+// one vectorizable pass (half torch::isfinite's cost on SmolLM2's load); other dtypes through LibTorch.
+bool AllFinite(const torch::Tensor& t) {
+  if (t.scalar_type() != torch::kFloat || !t.is_contiguous()) return torch::isfinite(t).all().item<bool>();
+  const auto* bits = static_cast<const uint32_t*>(t.data_ptr());
+  uint32_t exponent_all_ones = 0;
+  for (int64_t i = 0; i < t.numel(); ++i) exponent_all_ones |= static_cast<uint32_t>((bits[i] & 0x7F800000u) == 0x7F800000u);
+  return exponent_all_ones == 0;
+}
+}  // namespace
+
 torch::Tensor SafetensorsFile::Load(const std::string& name, torch::Dtype dtype,
                                     const std::vector<int64_t>* expected_shape) const {
   const TensorEntry& e = Entry(name);
@@ -164,7 +176,15 @@ torch::Tensor SafetensorsFile::Load(const std::string& name, torch::Dtype dtype,
     std::vector<int64_t> shape = e.shape.empty() ? std::vector<int64_t>{} : e.shape;
     if (!shape.empty()) shape[0] = n;
     const torch::Tensor slice = torch::from_blob(const_cast<uint8_t*>(begin), shape, source);
-    (e.shape.empty() ? out : out.narrow(0, r, n)).copy_(slice);
+    torch::Tensor copied = e.shape.empty() ? out : out.narrow(0, r, n);
+    copied.copy_(slice);
+    // A NaN or an infinity in a weight makes every output garbage: refuse it here, by name, rather
+    // than print nonsense later (also one that the conversion to `dtype` made, e.g. fp32 above
+    // fp16). Checked slice by slice, while the slice is in the cache.
+    Require(AllFinite(copied), ErrorCode::kDataLoss,
+            path_ + ": tensor '" + name + "' holds values that are not finite (NaN or infinity)" +
+                (TorchDtype(e.dtype) == dtype ? "" : " once converted from " + e.dtype) +
+                ": the file is damaged; fetch, convert or export it again");
     const auto first = reinterpret_cast<uintptr_t>(begin) / page * page;
     const auto last = reinterpret_cast<uintptr_t>(begin + static_cast<uint64_t>(n) * row_bytes);
     madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);

@@ -33,7 +33,8 @@ class SafetensorsFile {
   const std::string& path() const { return path_; }
 
   // Copies tensor `name` out of the file as `dtype` (on the CPU). When `expected_shape` is given,
-  // a different stored shape is an error.
+  // a different stored shape is an error; a NaN or an infinity (stored, or made by the conversion
+  // to `dtype`) is kDataLoss naming the tensor.
   torch::Tensor Load(const std::string& name, torch::Dtype dtype = torch::kFloat,
                      const std::vector<int64_t>* expected_shape = nullptr) const;
 
