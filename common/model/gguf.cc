@@ -438,8 +438,12 @@ const GgufTensorInfo& GgufFile::Tensor(const std::string& name) const {
 
 std::vector<float> GgufFile::Dequantize(const GgufTensorInfo& tensor) const {
   std::vector<float> values(static_cast<size_t>(tensor.elements));
-  DequantizeBlocks(tensor.type.type, data_section_ + tensor.offset, tensor.elements, values.data());
+  DequantizeInto(tensor, values.data());
   return values;
+}
+
+void GgufFile::DequantizeInto(const GgufTensorInfo& tensor, float* out) const {
+  DequantizeBlocks(tensor.type.type, data_section_ + tensor.offset, tensor.elements, out);
 }
 
 }  // namespace amaq

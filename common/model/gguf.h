@@ -89,8 +89,10 @@ class GgufFile {
   std::vector<int64_t> Integers(const std::string& key) const;
 
   const GgufTensorInfo& Tensor(const std::string& name) const;  // kNotFound if absent
-  // The tensor's values as fp32, dims[0] fastest.
+  // The tensor's values as fp32, dims[0] fastest; DequantizeInto writes them to `out`, which
+  // holds tensor.elements floats.
   std::vector<float> Dequantize(const GgufTensorInfo& tensor) const;
+  void DequantizeInto(const GgufTensorInfo& tensor, float* out) const;
 
  private:
   struct Mapping;

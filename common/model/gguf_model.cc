@@ -40,9 +40,9 @@ std::string ForLayer(const char* pattern, int64_t layer) {
 // The tensor `name` as transformers holds it: GGUF lists dims fastest first, so the shape reverses.
 torch::Tensor Load(const GgufFile& file, const std::string& name) {
   const GgufTensorInfo& info = file.Tensor(name);
-  std::vector<int64_t> shape(info.dims.rbegin(), info.dims.rend());
-  std::vector<float> values = file.Dequantize(info);
-  return torch::from_blob(values.data(), shape, torch::kFloat).clone();
+  torch::Tensor out = torch::empty(std::vector<int64_t>(info.dims.rbegin(), info.dims.rend()), torch::kFloat);
+  file.DequantizeInto(info, out.data_ptr<float>());
+  return out;
 }
 
 // The pre-tokenizer that llama.cpp's `tokenizer.ggml.pre` name stands for (llama-vocab.cpp), as
