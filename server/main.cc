@@ -19,6 +19,7 @@
 #include "common/model/threads.h"
 #include "common/net/tls.h"
 #include "server/grpc_service.h"
+#include "server/inner_socket.h"
 #include "server/server_config.h"
 #include "server/live_view.h"
 #include "server/metrics_http.h"
@@ -56,9 +57,10 @@ int Run(const Config& c) {
   server::TokenStore tokens(c.String("tokens_file"));
   server::SplitTrainingService service(split, tokens, server::ServiceOptionsFrom(c));
 
-  // gRPC listens on loopback behind a front door (a TcpRelay on `listen`) that bounds the
-  // connections open at once and keeps accepting when file descriptors run out: gRPC 1.51's own
-  // listener stops for good after one failed accept (docs/reliability.md).
+  // gRPC listens on a private Unix socket behind a front door (a TcpRelay on `listen`) that bounds
+  // the connections open at once and keeps accepting when file descriptors run out: gRPC 1.51's own
+  // listener stops for good after one failed accept; no other local user reaches gRPC around it
+  // (docs/reliability.md).
   const uint64_t open_files = RaiseOpenFilesLimit();
   const int64_t connection_room = (static_cast<int64_t>(open_files) - kReservedFiles) / kFilesPerConnection;
   Require(connection_room >= 8, ErrorCode::kFailedPrecondition,
@@ -68,8 +70,9 @@ int Run(const Config& c) {
   front.max_connections = static_cast<int>(std::min<int64_t>(c.Int("max_connections"), connection_room));
   server::EnableStandardServices();
   grpc::ServerBuilder builder;
-  int inner_port = 0;
-  builder.AddListeningPort("127.0.0.1:0",
+  const server::InnerSocket inner;
+  int inner_port = 0;  // gRPC sets it to 1 for a Unix socket it listens on
+  builder.AddListeningPort(inner.grpc_address(),
                            MakeServerCredentials(TlsFiles{c.String("tls_cert"), c.String("tls_key"), c.String("tls_client_ca")},
                                                  c.Bool("insecure")),
                            &inner_port);
@@ -77,8 +80,8 @@ int Run(const Config& c) {
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> grpc_server = builder.BuildAndStart();
   Require(grpc_server != nullptr && inner_port > 0, ErrorCode::kUnavailable,
-          "gRPC cannot listen on a loopback port: is the loopback interface up?");
-  TcpRelay front_door("127.0.0.1", static_cast<uint16_t>(inner_port), front, c.String("listen"));
+          "gRPC cannot listen on " + inner.path() + ": is its directory writable (TMPDIR)?");
+  TcpRelay front_door(UnixSocket{inner.path()}, front, c.String("listen"));
   const int port = front_door.port();
   spdlog::info("at most {} client connections at once (max_connections {}, open-files limit {})", front.max_connections,
                c.Int("max_connections"), open_files);

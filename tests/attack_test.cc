@@ -4,6 +4,7 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <gtest/gtest.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <boost/asio.hpp>
@@ -15,6 +16,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <set>
+#include <sstream>
 #include <thread>
 
 #include "aqsgd_frames.h"
@@ -375,6 +378,76 @@ TEST_F(Network, ConnectionFloodPastTheOpenFilesLimitLeavesTheServerServing) {
   for (int fd : flood) ::close(fd);
   EXPECT_TRUE(testing::WaitFor([&] { return RawJoin(*RawStub(), kToken1, "client-1", "bf16").ok(); }, 30)) << server.Log();
   EXPECT_EQ(server.Log().find("Failed accept4"), std::string::npos) << "gRPC's listener never ran out of descriptors";
+}
+
+// The socket inodes of a process's open file descriptors.
+std::set<std::string> SocketInodes(int pid) {
+  std::set<std::string> inodes;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd")) {
+    std::error_code ec;
+    const std::string target = std::filesystem::read_symlink(entry.path(), ec).string();
+    if (!ec && target.rfind("socket:[", 0) == 0) inodes.insert(target.substr(8, target.size() - 9));
+  }
+  return inodes;
+}
+
+// The ports of the listening TCP sockets (IPv4 and IPv6) among `inodes`.
+std::vector<int> ListeningTcpPorts(const std::set<std::string>& inodes) {
+  std::vector<int> ports;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // the header
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state, queues, timer, retransmits, uid, timeout, inode;
+      fields >> slot >> local >> remote >> state >> queues >> timer >> retransmits >> uid >> timeout >> inode;
+      if (state == "0A" && inodes.count(inode) > 0) ports.push_back(std::stoi(local.substr(local.find(':') + 1), nullptr, 16));
+    }
+  }
+  return ports;
+}
+
+// The paths of the listening Unix sockets among `inodes`.
+std::vector<std::string> ListeningUnixPaths(const std::set<std::string>& inodes) {
+  std::vector<std::string> paths;
+  std::ifstream in("/proc/net/unix");
+  std::string line;
+  std::getline(in, line);
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string slot, references, protocol, flags, type, state, inode, path;
+    fields >> slot >> references >> protocol >> flags >> type >> state >> inode >> path;
+    if (state == "01" && (std::stoul(flags, nullptr, 16) & 0x10000) != 0 && inodes.count(inode) > 0) paths.push_back(path);
+  }
+  return paths;
+}
+
+// Issue 39 item 6: gRPC behind the front door listens on a Unix socket in a directory only the
+// server's user may enter, not on a loopback port that any local user could reach around the
+// relay's limits; the front door's port is the process's only TCP listener.
+TEST_F(Network, GrpcIsReachableOnlyThroughTheFrontDoor) {
+  const std::string dir = testing::TempDir("inner");
+  const std::string port_file = dir + "/port";
+  testing::Process server({AMAQ_BIN_DIR "/amaq-server", "--model", *model_, "--listen", "127.0.0.1:0", "--port_file",
+                           port_file, "--tls_cert", *certs_ + "/server.pem", "--tls_key", *certs_ + "/server.key",
+                           "--tokens_file", *tokens_, "--threads", "1"},
+                          dir + "/server.log");
+  ASSERT_TRUE(testing::WaitFor([&] { return std::filesystem::exists(port_file) && std::filesystem::file_size(port_file) > 0; }, 60))
+      << server.Log();
+  std::ifstream(port_file) >> port_;
+  ASSERT_TRUE(testing::WaitFor([&] { return RawJoin(*RawStub(), kToken1, "client-1", "bf16").ok(); }, 30)) << server.Log();
+  const std::set<std::string> sockets = SocketInodes(server.pid());
+  EXPECT_EQ(ListeningTcpPorts(sockets), std::vector<int>{port_}) << "a TCP listener besides the front door";
+  const std::vector<std::string> inner = ListeningUnixPaths(sockets);
+  ASSERT_EQ(inner.size(), 1u) << server.Log();
+  struct stat directory {};
+  ASSERT_EQ(::stat(std::filesystem::path(inner[0]).parent_path().c_str(), &directory), 0) << inner[0];
+  EXPECT_EQ(directory.st_mode & 0777, 0700u) << inner[0];
+  EXPECT_EQ(directory.st_uid, ::getuid());
+  server.Kill(SIGTERM);
+  EXPECT_EQ(server.Wait(), 0) << server.Log();
+  EXPECT_FALSE(std::filesystem::exists(std::filesystem::path(inner[0]).parent_path())) << "removed at exit";
 }
 
 // A client fetches its own server-side LoRA, never another's: the caller is the token's client.

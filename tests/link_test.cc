@@ -1,10 +1,12 @@
 // The link emulator (TcpRelay with LinkOptions, the engine of amaq-netem) on loopback: its rate
 // per direction, its latency, and each fault it injects.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <boost/asio.hpp>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <thread>
@@ -268,6 +270,46 @@ TEST(Link, RefusesImpossibleSettings) {
     EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
   }
   EXPECT_THROW(TcpRelay("127.0.0.1", 1, LinkOptions{}, "not-an-ip:0"), Error);
+}
+
+// The server's front door forwards to gRPC's private Unix socket: bytes cross both ways, counted.
+TEST(Link, ForwardsToAUnixSocketUpstream) {
+  char directory[] = "/tmp/amaq-link-XXXXXX";
+  ASSERT_NE(::mkdtemp(directory), nullptr);
+  const std::string path = std::string(directory) + "/upstream.sock";
+  asio::io_context upstream_io;
+  asio::local::stream_protocol::acceptor acceptor(upstream_io, asio::local::stream_protocol::endpoint(path));
+  std::thread echo([&] {
+    asio::local::stream_protocol::socket s(upstream_io);
+    acceptor.accept(s);
+    std::vector<char> buffer(4096);
+    boost::system::error_code read, written;
+    while (!read && !written) {
+      const size_t n = s.read_some(asio::buffer(buffer), read);
+      asio::write(s, asio::buffer(buffer.data(), n), written);
+    }
+  });
+  {
+    TcpRelay relay(UnixSocket{path});
+    asio::io_context io;
+    tcp::socket client = Connect(io, relay);
+    asio::write(client, asio::buffer("hello", 5));
+    std::array<char, 5> back{};
+    asio::read(client, asio::buffer(back));
+    EXPECT_EQ(std::string(back.begin(), back.end()), "hello");
+    EXPECT_EQ(relay.bytes_up(), 5u);
+    EXPECT_EQ(relay.bytes_down(), 5u);
+  }
+  echo.join();
+  ::unlink(path.c_str());
+  ::rmdir(directory);
+  try {
+    TcpRelay relay(UnixSocket{"/tmp/" + std::string(200, 'x')});
+    FAIL() << "a path longer than a socket address holds must be refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("choose a shorter directory"), std::string::npos) << e.what();
+  }
 }
 
 // The front door of amaq-server: past max_connections a connection is closed as soon as it is

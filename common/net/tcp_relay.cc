@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <sys/un.h>
+
 #include <boost/asio.hpp>
 
 #include <algorithm>
@@ -23,6 +25,10 @@ namespace amaq {
 
 namespace asio = boost::asio;
 using asio::ip::tcp;
+// Both ends are generic stream sockets: clients arrive over TCP, the upstream is TCP or a Unix
+// domain socket.
+using Socket = asio::generic::stream_protocol::socket;
+using Endpoint = asio::generic::stream_protocol::endpoint;
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -38,7 +44,7 @@ struct RelayConnection;
 struct Relay {
   asio::io_context io;
   tcp::acceptor acceptor{io};
-  tcp::endpoint upstream;
+  Endpoint upstream;
   LinkOptions link;
   Clock::time_point started = Clock::now();
   Clock::time_point stall_from = Clock::time_point::max(), stall_until = Clock::time_point::min();
@@ -66,7 +72,7 @@ struct Relay {
 
 // One direction of one connection: a token bucket, then a delay line, then the far socket.
 struct Pipe {
-  Pipe(asio::io_context& io, tcp::socket& from_socket, tcp::socket& to_socket, double bits_per_second,
+  Pipe(asio::io_context& io, Socket& from_socket, Socket& to_socket, double bits_per_second,
        std::atomic<uint64_t>& counter)
       : from(from_socket), to(to_socket), bytes_per_second(bits_per_second / 8), delivered(counter), timer(io) {}
 
@@ -74,8 +80,8 @@ struct Pipe {
     std::vector<char> bytes;
     Clock::time_point due;
   };
-  tcp::socket& from;
-  tcp::socket& to;
+  Socket& from;
+  Socket& to;
   double bytes_per_second;  // 0: unlimited
   std::atomic<uint64_t>& delivered;
   asio::steady_timer timer;
@@ -104,6 +110,7 @@ struct RelayConnection : std::enable_shared_from_this<RelayConnection> {
   void Start() {
     // Forward each chunk as soon as it is due: with Nagle's algorithm a chunk's tail would wait
     // for the peer's delayed ACK (tens of milliseconds a step; gRPC's own sockets disable it too).
+    // A Unix domain socket has no such option: its error is ignored.
     boost::system::error_code ignored;
     client.set_option(tcp::no_delay(true), ignored);
     upstream.set_option(tcp::no_delay(true), ignored);
@@ -180,7 +187,7 @@ struct RelayConnection : std::enable_shared_from_this<RelayConnection> {
     if (p.ended) {
       if (!p.queue.empty()) return Write(p);
       boost::system::error_code ignored;
-      p.to.shutdown(tcp::socket::shutdown_send, ignored);
+      p.to.shutdown(asio::socket_base::shutdown_send, ignored);
       if (up.ended && down.ended && up.queue.empty() && down.queue.empty()) Close();
       return;
     }
@@ -199,7 +206,7 @@ struct RelayConnection : std::enable_shared_from_this<RelayConnection> {
   }
 
   Relay& link;
-  tcp::socket client, upstream;
+  Socket client, upstream;
   Pipe up, down;
   size_t queue_limit[2] = {0, 0};
   bool closed = false;
@@ -269,6 +276,25 @@ void Relay::Accept() {
 
 TcpRelay::TcpRelay(std::string upstream_host, uint16_t upstream_port, LinkOptions link, const std::string& listen)
     : impl_(std::make_unique<Impl>()) {
+  boost::system::error_code ec;
+  tcp::resolver resolver(impl_->io);
+  const auto endpoints = resolver.resolve(upstream_host, std::to_string(upstream_port), ec);
+  Require(!ec && !endpoints.empty(), ErrorCode::kUnavailable,
+          "cannot resolve " + upstream_host + ": " + ec.message() + ": check the server address");
+  impl_->upstream = endpoints.begin()->endpoint();
+  Start(link, listen);
+}
+
+TcpRelay::TcpRelay(const UnixSocket& upstream, LinkOptions link, const std::string& listen)
+    : impl_(std::make_unique<Impl>()) {
+  Require(!upstream.path.empty() && upstream.path.size() < sizeof(sockaddr_un::sun_path), ErrorCode::kInvalidArgument,
+          "the Unix socket path '" + upstream.path + "' must have 1 to " +
+              std::to_string(sizeof(sockaddr_un::sun_path) - 1) + " characters: choose a shorter directory");
+  impl_->upstream = asio::local::stream_protocol::endpoint(upstream.path);
+  Start(link, listen);
+}
+
+void TcpRelay::Start(const LinkOptions& link, const std::string& listen) {
   Require(link.up_bits_per_second >= 0 && link.down_bits_per_second >= 0 && link.latency_seconds >= 0 &&
               link.jitter_seconds >= 0 && link.stall_seconds >= 0 && link.burst_bytes > 0 && link.max_connections >= 0,
           ErrorCode::kInvalidArgument,
@@ -290,11 +316,6 @@ TcpRelay::TcpRelay(std::string upstream_host, uint16_t upstream_port, LinkOption
   }
 
   boost::system::error_code ec;
-  tcp::resolver resolver(impl_->io);
-  const auto endpoints = resolver.resolve(upstream_host, std::to_string(upstream_port), ec);
-  Require(!ec && !endpoints.empty(), ErrorCode::kUnavailable,
-          "cannot resolve " + upstream_host + ": " + ec.message() + ": check the server address");
-  impl_->upstream = *endpoints.begin();
   const auto [listen_host, listen_port] = SplitHostPort(listen, "listen");
   const auto local_address = asio::ip::make_address(listen_host == "localhost" ? "127.0.0.1" : listen_host, ec);
   Require(!ec, ErrorCode::kInvalidArgument, "listen address '" + listen + "' is not an IP address: use e.g. 127.0.0.1:0");

@@ -6,6 +6,8 @@
 // one-way delay with jitter (order kept, as on TCP), and scheduled or on-demand faults close every
 // connection, hold all traffic for a while, or silently drop everything. Bytes are counted when
 // they are delivered to the far side. All of its work runs on one internal thread.
+// Clients always arrive over TCP; the upstream is a TCP host:port or a Unix domain socket (the
+// server's gRPC listens on one behind its front door, out of reach of other local users).
 #pragma once
 
 #include <cstdint>
@@ -33,6 +35,11 @@ struct LinkOptions {
   int max_connections = 0;
 };
 
+// A Unix domain socket by its file system path (at most 107 bytes).
+struct UnixSocket {
+  std::string path;
+};
+
 class TcpRelay {
  public:
   // Listens on `listen` ("host:port"; port 0: any free port) and forwards each connection to
@@ -40,6 +47,8 @@ class TcpRelay {
   // cannot resolve the upstream or listen, (kInvalidArgument) for impossible link settings.
   TcpRelay(std::string upstream_host, uint16_t upstream_port, LinkOptions link = {},
            const std::string& listen = "127.0.0.1:0");
+  // The same, forwarding to the Unix domain socket `upstream` (kInvalidArgument: path too long).
+  TcpRelay(const UnixSocket& upstream, LinkOptions link = {}, const std::string& listen = "127.0.0.1:0");
   ~TcpRelay();  // closes every connection and stops
   TcpRelay(const TcpRelay&) = delete;
   TcpRelay& operator=(const TcpRelay&) = delete;
@@ -60,6 +69,8 @@ class TcpRelay {
   void Blackhole(bool on);                 // drop everything (on) or carry traffic again (off)
 
  private:
+  void Start(const LinkOptions& link, const std::string& listen);  // listens and starts the thread
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
