@@ -92,6 +92,7 @@ int Run(const Config& c) {
     server::MetricsOptions m;
     m.listen = c.String("metrics_listen");
     if (!c.String("metrics_token_file").empty()) m.token = ReadMetricsToken(c.String("metrics_token_file"));
+    m.open_pages = c.Bool("metrics_public");
     std::map<std::string, server::HttpPage> pages = server::LiveViewPages(service);
     pages["/metrics"] = {"text/plain; version=0.0.4", [&service] { return server::PrometheusText(service); }};
     metrics = std::make_unique<server::MetricsHttp>(m, std::move(pages), [&draining] { return !draining; });

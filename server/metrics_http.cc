@@ -6,7 +6,9 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include <algorithm>
 #include <chrono>
+#include <list>
 #include <thread>
 
 #include "common/base/error.h"
@@ -23,7 +25,11 @@ struct MetricsHttp::Impl {
   MetricsOptions options;
   std::map<std::string, HttpPage> pages;
   std::function<bool()> ready;
-  int open = 0;  // connections being served; outlives `io`, whose handlers own the sessions
+  class Session;
+  // The connections being served, oldest first, and how many come from each address; they outlive
+  // `io`, whose handlers own the sessions.
+  std::list<std::weak_ptr<Session>> sessions;
+  std::map<asio::ip::address, int> per_address;
   asio::io_context io;
   tcp::acceptor acceptor{io};
   asio::steady_timer accept_retry{io};
@@ -42,8 +48,18 @@ struct MetricsHttp::Impl {
   // One connection: read one bounded request, answer it, close. Lives in its handlers.
   class Session : public std::enable_shared_from_this<Session> {
    public:
-    Session(tcp::socket socket, Impl& impl) : stream_(std::move(socket)), impl_(impl) { ++impl_.open; }
-    ~Session() { --impl_.open; }
+    Session(tcp::socket socket, asio::ip::address peer, Impl& impl)
+        : stream_(std::move(socket)), peer_(std::move(peer)), impl_(impl) {
+      ++impl_.per_address[peer_];
+    }
+    ~Session() {
+      if (--impl_.per_address[peer_] == 0) impl_.per_address.erase(peer_);
+    }
+    bool answering() const { return answering_; }
+    void Close() {
+      beast::error_code ignored;
+      stream_.socket().close(ignored);  // its pending read ends with an error and frees it
+    }
 
     void Start() {
       parser_.header_limit(8192);
@@ -55,14 +71,16 @@ struct MetricsHttp::Impl {
    private:
     void Answer(beast::error_code ec) {
       if (ec) return;  // timed out, closed or malformed: drop the connection
+      answering_ = true;
       const auto& request = parser_.get();
       response_.version(request.version());
       response_.keep_alive(false);
       const bool get = request.method() == http::verb::get;
       const std::string target(request.target());
       const auto page = impl_.pages.find(target.substr(0, target.find('?')));
+      const bool has_token = !impl_.options.token.empty();
       const bool authorized =
-          impl_.options.token.empty() || request[http::field::authorization] == "Bearer " + impl_.options.token;
+          has_token ? request[http::field::authorization] == "Bearer " + impl_.options.token : impl_.options.open_pages;
       if (get && request.target() == "/healthz") {
         response_.result(http::status::ok);
         response_.body() = "ok\n";
@@ -75,6 +93,10 @@ struct MetricsHttp::Impl {
         response_.set(http::field::content_type, page->second.content_type);
         response_.set(http::field::cache_control, "no-store");
         response_.body() = page->second.render();
+      } else if (!authorized && !has_token) {
+        response_.result(http::status::forbidden);
+        response_.body() = "amaq-server: its pages need a metrics token: set metrics_token_file (or metrics_public: true "
+                           "to serve them to anyone who reaches this port)\n";
       } else if (!authorized) {
         response_.result(http::status::unauthorized);
         response_.set(http::field::www_authenticate, "Bearer");
@@ -91,11 +113,37 @@ struct MetricsHttp::Impl {
     }
 
     beast::tcp_stream stream_;
+    const asio::ip::address peer_;
     Impl& impl_;
+    bool answering_ = false;  // the request has arrived
     beast::flat_buffer buffer_{8192};
     http::request_parser<http::empty_body> parser_;
     http::response<http::string_body> response_;
   };
+
+  // Serves `socket` unless its address holds max_connections_per_address already (then it is
+  // closed as it goes out of scope); when max_connections are open, the oldest still sending its
+  // request is closed to make room.
+  void Admit(tcp::socket socket) {
+    boost::system::error_code ec;
+    const asio::ip::address peer = socket.remote_endpoint(ec).address();
+    if (ec) return;
+    const auto from_peer = per_address.find(peer);
+    if (from_peer != per_address.end() && from_peer->second >= options.max_connections_per_address) return;
+    sessions.remove_if([](const std::weak_ptr<Session>& s) { return s.expired(); });
+    if (sessions.size() >= static_cast<size_t>(options.max_connections)) {
+      const auto oldest_waiting = std::find_if(sessions.begin(), sessions.end(), [](const std::weak_ptr<Session>& s) {
+        const auto session = s.lock();
+        return session && !session->answering();
+      });
+      if (oldest_waiting == sessions.end()) return;  // every one is being answered: it ends soon
+      oldest_waiting->lock()->Close();
+      sessions.erase(oldest_waiting);
+    }
+    auto session = std::make_shared<Session>(std::move(socket), peer, *this);
+    sessions.push_back(session);
+    session->Start();
+  }
 
   void Accept() {
     acceptor.async_accept([this](beast::error_code ec, tcp::socket socket) {
@@ -108,8 +156,8 @@ struct MetricsHttp::Impl {
         });
         return;
       }
-      if (open < options.max_connections) std::make_shared<Session>(std::move(socket), *this)->Start();
-      Accept();  // a socket over the limit is closed as it goes out of scope
+      Admit(std::move(socket));
+      Accept();
     });
   }
 };
@@ -129,9 +177,15 @@ MetricsHttp::MetricsHttp(MetricsOptions options, std::map<std::string, HttpPage>
   if (!ec) impl_->acceptor.bind(endpoint, ec);
   if (!ec) impl_->acceptor.listen(64, ec);
   Require(!ec, ErrorCode::kUnavailable, "cannot serve metrics on " + listen + ": " + ec.message());
-  if (!endpoint.address().is_loopback() && impl_->options.token.empty()) {
-    spdlog::warn("metrics on {} without a metrics token: anyone who reaches it sees client ids and progress; "
-                 "set metrics_token_file or bind to 127.0.0.1",
+  if (!impl_->options.token.empty()) {
+    spdlog::info("metrics on {}: /metrics and the live view need the metrics token; /healthz and /readyz are open", listen);
+  } else if (impl_->options.open_pages) {
+    spdlog::warn("metrics on {} without a metrics token (metrics_public: true): anyone who reaches it sees client ids "
+                 "and progress; set metrics_token_file{}",
+                 listen, endpoint.address().is_loopback() ? "" : " or bind to 127.0.0.1");
+  } else {
+    spdlog::info("metrics on {}: /healthz and /readyz only; /metrics and the live view are refused until "
+                 "metrics_token_file is set (or metrics_public: true)",
                  listen);
   }
   impl_->Accept();

@@ -7,10 +7,12 @@
 //
 // It is built for an untrusted network: connections are served concurrently (asynchronously, on
 // the one thread), each must send its request and take the answer within `timeout_seconds`, at most
-// `max_connections` are open at once (more are closed at once), requests are bounded in size, and
-// when `token` is not empty only "Authorization: Bearer <token>" is answered (401 otherwise) for
-// every page that needs it. The pages list client ids and training progress: bind it to loopback,
-// or set a token.
+// `max_connections` are open at once and `max_connections_per_address` from one address (more are
+// closed at once); when all are taken, the oldest one still sending its request is closed for the
+// newcomer, so slow peers cannot keep the probes out. Requests are bounded in size. The pages list
+// client ids and training progress: with a `token` only "Authorization: Bearer <token>" gets them
+// (401 otherwise); without one they are refused (403) unless `open_pages` says to serve them to
+// anyone who reaches the port.
 #pragma once
 
 #include <cstdint>
@@ -23,16 +25,18 @@ namespace amaq::server {
 
 struct MetricsOptions {
   std::string listen;              // "address:port", or a bare port for 127.0.0.1:port
-  std::string token;               // empty: no authentication
+  std::string token;               // the bearer token the pages need; empty: see open_pages
+  bool open_pages = false;         // no token: true serves the pages to anyone, false refuses them
   double timeout_seconds = 5;      // to receive the request and send the answer
   int max_connections = 32;
+  int max_connections_per_address = 4;
 };
 
 // A page served on GET at its path (the query string is ignored).
 struct HttpPage {
   std::string content_type;
   std::function<std::string()> render;  // called on the endpoint's thread for every request
-  bool needs_token = true;              // false: answered without the token, so it must reveal nothing
+  bool needs_token = true;              // false: answered to anyone, so it must reveal nothing
 };
 
 class MetricsHttp {

@@ -75,7 +75,9 @@ Config ServerConfig() {
   DeclareOptionKeys<ServiceOptions>(c, [](auto& keys) { ServiceOptionKeys(keys); });
   c.AddString("metrics_listen", "",
               "address:port of the HTTP endpoint: Prometheus /metrics and the live view / (empty: off); a bare port means 127.0.0.1:port");
-  c.AddString("metrics_token_file", "", "file holding the bearer token /metrics and /api/status require (empty: none; then bind to 127.0.0.1)");
+  c.AddString("metrics_token_file", "", "file holding the bearer token /metrics, the live view's data and /api/status require");
+  c.AddBool("metrics_public", false,
+            "without metrics_token_file, serve /metrics and the live view to anyone who reaches metrics_listen (false: only /healthz and /readyz)");
   c.AddInt("threads", 0, "intra-op CPU threads (0: every core)", 0, 1024);
   AddProgramKeys(c);
   return c;

@@ -16,9 +16,11 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "aqsgd_frames.h"
 #include "http_get.h"
@@ -341,6 +343,73 @@ TEST(MetricsEndpoint, HealthAndReadinessAnswerWithoutTheToken) {
   EXPECT_EQ(GetMetrics(metrics.port(), "", &body, "/metrics"), 401) << "the probes open nothing else";
   EXPECT_NE(body.find("Bearer"), std::string::npos);
   EXPECT_EQ(GetMetrics(metrics.port(), o.token, &body, "/other"), 404);
+}
+
+// A connection from `source` (a 127.x.y.z address) to the metrics port that sends half a request.
+tcp::socket HalfRequestFrom(asio::io_context& io, const std::string& source, uint16_t port) {
+  tcp::socket s(io);
+  s.open(tcp::v4());
+  s.bind(tcp::endpoint(asio::ip::make_address(source), 0));
+  s.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
+  asio::write(s, asio::buffer(std::string("GET /metr")));
+  return s;
+}
+
+// Issue 39 item 5: 32 slow connections (half a request each, reopened as they time out) made 200 of
+// 200 probes fail. From one address they now get max_connections_per_address slots; from 40
+// addresses, each newcomer closes the oldest one still sending, so the probes are answered either
+// way, each within a second.
+TEST(MetricsEndpoint, SlowConnectionsFromOneOrManyAddressesLeaveTheProbesAnswered) {
+  server::MetricsOptions o;
+  o.listen = "0";
+  o.token = "metrics-token-0123456789";
+  server::MetricsHttp metrics(o, {{"/metrics", {"text/plain", [] { return std::string("amaq_up 1\n"); }}}});
+  asio::io_context io;
+  const auto probe_all_answered = [&] {
+    for (int i = 0; i < 20; ++i) {
+      const auto started = std::chrono::steady_clock::now();
+      std::string body;
+      if (GetMetrics(metrics.port(), "", &body, "/healthz") != 200) return false;
+      if (std::chrono::steady_clock::now() - started > std::chrono::seconds(1)) return false;
+    }
+    return true;
+  };
+  {
+    std::vector<tcp::socket> slow;
+    for (int i = 0; i < 32; ++i) slow.push_back(HalfRequestFrom(io, "127.0.0.2", metrics.port()));
+    EXPECT_TRUE(probe_all_answered()) << "32 slow connections from one address";
+    char byte;
+    boost::system::error_code ec;
+    slow.back().read_some(asio::buffer(&byte, 1), ec);  // over the address's limit: closed at once
+    EXPECT_TRUE(ec == asio::error::eof || ec == asio::error::connection_reset) << ec.message();
+  }
+  std::vector<tcp::socket> slow;
+  for (int i = 1; i <= 40; ++i) slow.push_back(HalfRequestFrom(io, "127.0.1." + std::to_string(i), metrics.port()));
+  EXPECT_TRUE(probe_all_answered()) << "40 slow connections from 40 addresses";
+  std::string body;
+  EXPECT_EQ(GetMetrics(metrics.port(), o.token, &body), 200);
+  EXPECT_EQ(body, "amaq_up 1\n");
+}
+
+// Issue 39 item 5: without a metrics token the pages (client ids, progress) are refused unless the
+// operator opens them; the probes answer either way.
+TEST(MetricsEndpoint, WithoutATokenThePagesAreRefusedUnlessOpened) {
+  server::MetricsOptions o;
+  o.listen = "0";
+  const std::map<std::string, server::HttpPage> pages = {
+      {"/metrics", {"text/plain", [] { return std::string("amaq_up 1\n"); }}}};
+  {
+    server::MetricsHttp metrics(o, pages);
+    std::string body;
+    EXPECT_EQ(GetMetrics(metrics.port(), "", &body), 403);
+    EXPECT_NE(body.find("metrics_token_file"), std::string::npos) << body;
+    EXPECT_EQ(GetMetrics(metrics.port(), "", &body, "/healthz"), 200);
+  }
+  o.open_pages = true;
+  server::MetricsHttp metrics(o, pages);
+  std::string body;
+  EXPECT_EQ(GetMetrics(metrics.port(), "", &body), 200);
+  EXPECT_EQ(body, "amaq_up 1\n");
 }
 
 // Item 1: plain TCP connections that never speak TLS, past the open-files limit, against a server
