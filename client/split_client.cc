@@ -10,6 +10,7 @@
 
 #include "client/adapter_export.h"
 #include "common/base/atomic_file.h"
+#include "common/model/archive_check.h"
 #include "common/model/checkpoint.h"
 #include "common/model/compute_dtype.h"
 #include "common/base/error.h"
@@ -476,6 +477,7 @@ int64_t SplitClient::LoadCheckpoint() {
     throw Error(ErrorCode::kDataLoss, path + ": client checkpoint is unreadable (" + e.what_without_backtrace() +
                                           "): move it away to start fresh");
   }
+  RequireFiniteArchive(archive, path);
   torch::NoGradGuard no_grad;
   for (auto& [name, t] : part_->LoraParameters()) {
     torch::Tensor saved;

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "common/base/atomic_file.h"
+#include "common/model/archive_check.h"
 #include "common/model/checkpoint.h"
 #include "common/base/error.h"
 #include "common/model/evaluate.h"
@@ -750,6 +751,7 @@ std::unique_ptr<SplitServer::Session> SplitServer::LoadEvicted(const std::string
                                           "): move it away to start client " + client_id + " afresh");
   }
   if (id.toStringRef() != client_id) return nullptr;  // another id with the same hash: that client is not this one
+  RequireFiniteArchive(archive, path);
   spdlog::info("client {}: resuming its evicted session from {}", client_id, path);
   return LoadSession(archive, client_id);
 }
@@ -795,6 +797,7 @@ void SplitServer::LoadCheckpoint() {
     throw Error(ErrorCode::kDataLoss, path + ": server checkpoint is unreadable (" + e.what_without_backtrace() +
                                           "): move it away to start fresh");
   }
+  RequireFiniteArchive(archive, path);
   c10::IValue clients;
   archive.read("clients", clients);
   std::istringstream ids(clients.toStringRef());

@@ -9,6 +9,8 @@
 #include <functional>
 #include <map>
 
+#include <torch/torch.h>
+
 #include "client/local_transport.h"
 #include "client/split_client.h"
 #include "common/base/error.h"
@@ -269,6 +271,108 @@ TEST(SplitTraining, AResumedOneStepStaleRunPredictsAsTheUninterruptedOne) {
   EXPECT_EQ(server.AdapterOf("client-0").applied_steps, 4);
   EXPECT_TRUE(torch::allclose(DecodedActivation(resumed.activations.at(3)),
                               DecodedActivation(uninterrupted.activations.at(3)), 1e-6, 1e-7));
+}
+
+// Copies archive `in` into `out` key by key, nested archives included, with the tensor at
+// `poisoned` ("a/b" for nested keys) filled with NaN.
+void CopyPoisoned(torch::serialize::InputArchive& in, torch::serialize::OutputArchive& out, const std::string& poisoned,
+                  const std::string& prefix = "") {
+  for (const std::string& key : in.keys()) {
+    torch::Tensor t;
+    torch::serialize::InputArchive nested_in;
+    c10::IValue value;
+    if (in.try_read(key, t)) {
+      out.write(key, prefix + key == poisoned ? torch::full_like(t, NAN) : t);
+    } else if (in.try_read(key, nested_in)) {
+      torch::serialize::OutputArchive nested_out;
+      CopyPoisoned(nested_in, nested_out, poisoned, prefix + key + "/");
+      out.write(key, nested_out);
+    } else if (in.try_read(key, value)) {
+      out.write(key, value);
+    }
+  }
+}
+
+// The key ("a/b" for nested ones) of the first floating-point tensor of `path` whose key starts with
+// `prefix`; empty when there is none.
+std::string FirstFloatTensorKey(torch::serialize::InputArchive& in, const std::string& prefix, const std::string& at = "") {
+  for (const std::string& key : in.keys()) {
+    torch::Tensor t;
+    torch::serialize::InputArchive nested;
+    if (in.try_read(key, t)) {
+      if (t.is_floating_point() && (at + key).rfind(prefix, 0) == 0) return at + key;
+    } else if (in.try_read(key, nested)) {
+      const std::string found = FirstFloatTensorKey(nested, prefix, at + key + "/");
+      if (!found.empty()) return found;
+    }
+  }
+  return "";
+}
+
+std::string FirstFloatTensorKey(const std::string& path, const std::string& prefix) {
+  torch::serialize::InputArchive in;
+  in.load_from(path);
+  return FirstFloatTensorKey(in, prefix);
+}
+
+// Rewrites checkpoint `path` with the tensor `poisoned` all NaN.
+void PoisonCheckpoint(const std::string& path, const std::string& poisoned) {
+  torch::serialize::InputArchive in;
+  in.load_from(path);
+  torch::serialize::OutputArchive out;
+  CopyPoisoned(in, out, poisoned);
+  out.save_to(path);
+}
+
+// Issue 40 item 4: a checkpoint holding a NaN (a LoRA tensor, or an optimizer moment inside a
+// nested archive) is refused with its file and key before anything is taken from it, on either side.
+TEST(SplitTraining, NonFiniteCheckpointsAreRefusedByFileAndTensor) {
+  const std::string dir = testing::TinyModelDir("nan-checkpoints");
+  const Dataset data = testing::ParityDataset(16);
+  client::ClientOptions o = testing::TinyClientOptions(dir, "client-0", "fp32", 2);
+  o.checkpoint_every = 2;
+  o.checkpoint_dir = testing::TempDir("nan-client-ckpt");
+  server::ServerOptions so = ServerFor(dir);
+  so.checkpoint_dir = testing::TempDir("nan-server-ckpt");
+  {
+    server::SplitServer server(so);
+    client::LocalTransport transport(server);
+    client::SplitClient(o, data, transport).Run();
+    server.Checkpoint();
+  }
+  const auto refused = [](const std::function<void()>& load, const std::string& file, const std::string& key) {
+    try {
+      load();
+      return ::testing::AssertionFailure() << "loaded with " << key << " NaN";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      if (e.code() != ErrorCode::kDataLoss || m.find(file) == std::string::npos || m.find("'" + key + "'") == std::string::npos) {
+        return ::testing::AssertionFailure() << m;
+      }
+      return ::testing::AssertionSuccess();
+    }
+  };
+  const std::string server_file = so.checkpoint_dir + "/server.pt";
+  ASSERT_TRUE(std::filesystem::exists(server_file));
+  const std::string saved = server_file + ".saved";
+  std::filesystem::copy_file(server_file, saved);
+  for (const std::string prefix : {"client.client-0.lora.", "client.client-0.optimizer/"}) {
+    const std::string key = FirstFloatTensorKey(server_file, prefix);
+    ASSERT_FALSE(key.empty()) << prefix;
+    PoisonCheckpoint(server_file, key);
+    EXPECT_TRUE(refused([&] { server::SplitServer s(so); }, server_file, key));
+    std::filesystem::copy_file(saved, server_file, std::filesystem::copy_options::overwrite_existing);
+  }
+  server::SplitServer server(so);
+  client::LocalTransport transport(server);
+  const std::string client_file = o.checkpoint_dir + "/client-0.pt";
+  const std::string lora_key = FirstFloatTensorKey(client_file, "lora.");
+  ASSERT_FALSE(lora_key.empty());
+  PoisonCheckpoint(client_file, lora_key);
+  const auto size_before = std::filesystem::file_size(client_file);
+  o.steps = 4;
+  EXPECT_TRUE(refused([&] { client::SplitClient(o, data, transport).Run(); }, client_file, lora_key));
+  EXPECT_EQ(std::filesystem::file_size(client_file), size_before) << "the refused checkpoint is left as it was";
 }
 
 TEST(SplitTraining, OneStepStaleWithRecomputedLayersIsRefused) {
