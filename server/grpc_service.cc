@@ -197,6 +197,8 @@ void HardenServerBuilder(grpc::ServerBuilder& builder, const SplitTrainingServic
   builder.SetCompressionAlgorithmSupportStatus(GRPC_COMPRESS_DEFLATE, false);
   builder.SetCompressionAlgorithmSupportStatus(GRPC_COMPRESS_GZIP, false);
   builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, 10000);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                             static_cast<int>(std::min(service.options().connection_idle_seconds * 1000, 2e9)));
 }
 
 SplitTrainingService::SplitTrainingService(SplitServer& server, TokenStore& tokens, ServiceOptions options)

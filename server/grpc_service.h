@@ -36,6 +36,7 @@ struct ServiceOptions {
   int max_chunk_bytes = 1 << 20;
   int max_chunks = 4096;
   double stall_timeout_seconds = 30;
+  double connection_idle_seconds = 300;  // gRPC closes a connection with no call in flight this long
   std::string server_id = "amaq-server";
   BatchOptions batching;  // how the compute stage gathers the steps of several clients
 };
@@ -130,7 +131,8 @@ void EnableStandardServices();
 
 // What every amaq gRPC server sets: the largest message (a step chunk, or an adapter upload, and
 // their fields), no message compression (nothing is inflated, before or after authentication),
-// and a TLS handshake that must finish within 10 s.
+// a TLS handshake that must finish within 10 s, and a connection with no call in flight for
+// connection_idle_seconds closed.
 void HardenServerBuilder(grpc::ServerBuilder& builder, const SplitTrainingService& service);
 
 }  // namespace amaq::server

@@ -68,6 +68,8 @@ int Run(const Config& c) {
               " connections: raise it (ulimit -n 4096, or LimitNOFILE= in the service unit)");
   LinkOptions front;
   front.max_connections = static_cast<int>(std::min<int64_t>(c.Int("max_connections"), connection_room));
+  front.max_connections_per_address = static_cast<int>(c.Int("max_connections_per_address"));
+  front.close_with_upstream = true;  // gRPC gave up on it (handshake timeout, idle): the slot is free
   server::EnableStandardServices();
   grpc::ServerBuilder builder;
   const server::InnerSocket inner;

@@ -55,6 +55,8 @@ void ServiceOptionKeys(Keys& keys) {
   using O = ServiceOptions;
   keys.Int("max_chunk_bytes", &O::max_chunk_bytes, "largest tensor chunk per gRPC message", 1024, 64 << 20);
   keys.Double("stall_timeout_seconds", &O::stall_timeout_seconds, "end a client's stream stuck this long in the middle of a step", 0.1, 1e6);
+  keys.Double("connection_idle_seconds", &O::connection_idle_seconds,
+              "close a connection that has had no call in flight this long (its client reconnects when it calls again)", 1, 1e6);
   keys.Group(&O::batching, AddBatchKeys, BatchFromConfig);
 }
 
@@ -63,7 +65,11 @@ void ServiceOptionKeys(Keys& keys) {
 Config ServerConfig() {
   Config c("amaq-server");
   c.AddString("listen", "0.0.0.0:50051", "address and port to serve gRPC on (port 0: any free port)");
-  c.AddInt("max_connections", 1024, "client connections open at once (capped by the open-files limit); more are closed", 8,
+  c.AddInt("max_connections", 1024,
+           "client connections open at once (capped by the open-files limit); a newcomer closes the oldest one that has not "
+           "finished its TLS greeting, else it is closed",
+           8, 1 << 20);
+  c.AddInt("max_connections_per_address", 64, "client connections open at once from one IP address; more are closed", 1,
            1 << 20);
   c.AddString("port_file", "", "write the port actually bound to this file (for scripts using port 0)");
   DeclareOptionKeys<ServerOptions>(c, [](auto& keys) { ServerOptionKeys(keys); });

@@ -345,12 +345,18 @@ TEST(MetricsEndpoint, HealthAndReadinessAnswerWithoutTheToken) {
   EXPECT_EQ(GetMetrics(metrics.port(), o.token, &body, "/other"), 404);
 }
 
-// A connection from `source` (a 127.x.y.z address) to the metrics port that sends half a request.
-tcp::socket HalfRequestFrom(asio::io_context& io, const std::string& source, uint16_t port) {
+// A connection from `source` (a 127.x.y.z address) to 127.0.0.1:port.
+tcp::socket ConnectFrom(asio::io_context& io, const std::string& source, uint16_t port) {
   tcp::socket s(io);
   s.open(tcp::v4());
   s.bind(tcp::endpoint(asio::ip::make_address(source), 0));
   s.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
+  return s;
+}
+
+// A connection from `source` to the metrics port that sends half a request.
+tcp::socket HalfRequestFrom(asio::io_context& io, const std::string& source, uint16_t port) {
+  tcp::socket s = ConnectFrom(io, source, port);
   asio::write(s, asio::buffer(std::string("GET /metr")));
   return s;
 }
@@ -517,6 +523,59 @@ TEST_F(Network, GrpcIsReachableOnlyThroughTheFrontDoor) {
   server.Kill(SIGTERM);
   EXPECT_EQ(server.Wait(), 0) << server.Log();
   EXPECT_FALSE(std::filesystem::exists(std::filesystem::path(inner[0]).parent_path())) << "removed at exit";
+}
+
+// Issue 39 item 3: idle sockets held slots for as long as the attacker kept them (a legitimate Join
+// failed for minutes), and a connection past the TLS handshake that never called was never closed.
+// Now one address holds at most max_connections_per_address; when every slot is taken a newcomer
+// closes the oldest connection (a second old or more) that never got past its first TLS flight; a
+// connection gRPC gave up on (the 10 s handshake timeout) is closed by the front door whatever the
+// peer does; and one with no call in flight for connection_idle_seconds is closed by gRPC.
+TEST_F(Network, TheFrontDoorFreesSlotsThatIdlePeersHold) {
+  const std::string dir = testing::TempDir("slots");
+  const std::string port_file = dir + "/port";
+  testing::Process server({AMAQ_BIN_DIR "/amaq-server", "--model", *model_, "--listen", "127.0.0.1:0", "--port_file",
+                           port_file, "--tls_cert", *certs_ + "/server.pem", "--tls_key", *certs_ + "/server.key",
+                           "--tokens_file", *tokens_, "--threads", "1", "--max_connections", "100",
+                           "--max_connections_per_address", "16", "--connection_idle_seconds", "2"},
+                          dir + "/server.log");
+  ASSERT_TRUE(testing::WaitFor([&] { return std::filesystem::exists(port_file) && std::filesystem::file_size(port_file) > 0; }, 60))
+      << server.Log();
+  std::ifstream(port_file) >> port_;
+  const auto join_within = [&](double seconds) {
+    return testing::WaitFor([&] { return RawJoin(*RawStub(), kToken1, "client-1", "bf16").ok(); }, seconds);
+  };
+  ASSERT_TRUE(testing::WaitFor([&] { return RawJoin(*RawStub(), kToken1, "client-1", "bf16").ok(); }, 30)) << server.Log();
+
+  asio::io_context io;
+  std::vector<tcp::socket> one_address;
+  for (int i = 0; i < 300; ++i) one_address.push_back(ConnectFrom(io, "127.0.0.2", static_cast<uint16_t>(port_)));
+  EXPECT_TRUE(join_within(5)) << "300 idle sockets from one address";
+  one_address.clear();
+
+  std::vector<tcp::socket> many_addresses;
+  for (int i = 1; i <= 150; ++i) {
+    many_addresses.push_back(ConnectFrom(io, "127.0.3." + std::to_string(i), static_cast<uint16_t>(port_)));
+  }
+  EXPECT_TRUE(join_within(5)) << "150 idle sockets from 150 addresses, over max_connections 100";
+  const auto started = std::chrono::steady_clock::now();
+  // Admitted (the first 100 were), and younger than the few the Join's attempts closed: only the
+  // handshake timeout closes it.
+  tcp::socket& held = many_addresses[75];
+  const timeval wait{20, 0};
+  ASSERT_EQ(::setsockopt(held.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof(wait)), 0);
+  char byte = 0;
+  const ssize_t got = ::recv(held.native_handle(), &byte, 1, 0);
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  EXPECT_EQ(got, 0) << "the front door closes an idle peer's connection after gRPC's handshake timeout (waited "
+                    << waited << " s)";
+  EXPECT_GT(waited, 3) << "closed by the timeout, not on arrival";
+  many_addresses.clear();
+
+  const std::shared_ptr<grpc::Channel> channel = RawChannel();  // TLS and HTTP/2, then no call
+  ASSERT_TRUE(channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10)));
+  EXPECT_TRUE(testing::WaitFor([&] { return channel->GetState(false) != GRPC_CHANNEL_READY; }, 10))
+      << "a connection with no call in flight is closed after connection_idle_seconds";
 }
 
 // A client fetches its own server-side LoRA, never another's: the caller is the token's client.

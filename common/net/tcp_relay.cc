@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <arpa/inet.h>
 #include <sys/un.h>
 
 #include <boost/asio.hpp>
@@ -34,10 +35,24 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 constexpr size_t kReadBytes = 16384;
+// A connection that has had no byte from the upstream may be closed for a newcomer once it is this old.
+constexpr auto kEvictableAfter = std::chrono::seconds(1);
 
 Clock::duration Seconds(double s) { return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s)); }
 
 struct RelayConnection;
+
+// The IP address of a TCP endpoint, as text.
+std::string PeerAddress(const Endpoint& endpoint) {
+  const sockaddr* address = endpoint.data();
+  char text[INET6_ADDRSTRLEN] = "";
+  if (address->sa_family == AF_INET) {
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(address)->sin_addr, text, sizeof(text));
+  } else if (address->sa_family == AF_INET6) {
+    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(address)->sin6_addr, text, sizeof(text));
+  }
+  return text;
+}
 
 // The state every connection shares: the link's settings, its faults and its counters. Touched
 // only on the relay's thread, except the atomic counters.
@@ -67,6 +82,10 @@ struct Relay {
   void Stall(Clock::time_point from, double seconds);
   // Arms `action` to run once `bytes` more (at least 1) have been delivered.
   void ArmFault(uint64_t bytes, std::function<void()> action);
+  // Registers a newly accepted connection within the limits (max_connections_per_address, then
+  // max_connections: a connection that has had no byte from the upstream yet makes room); false:
+  // close it.
+  bool Admit(const std::shared_ptr<RelayConnection>& connection);
   void Accept();
 };
 
@@ -90,6 +109,7 @@ struct Pipe {
   size_t queued_bytes = 0;
   Clock::time_point bucket_time = Clock::time_point::min();  // GCRA's theoretical arrival time
   Clock::time_point last_due = Clock::time_point::min();
+  uint64_t bytes_read = 0;  // from the sending side, ever
   bool reading = false, writing = false;
   bool ended = false;  // the sending side closed: no more reads
 };
@@ -131,6 +151,7 @@ struct RelayConnection : std::enable_shared_from_this<RelayConnection> {
         return;
       }
       if (ec || closed) return Close();
+      p.bytes_read += n;
       if (!link.Blackholed()) Enqueue(p, n);
       if (p.queued_bytes < Limit(p)) Read(p);
     });
@@ -186,6 +207,7 @@ struct RelayConnection : std::enable_shared_from_this<RelayConnection> {
     if (closed) return;
     if (p.ended) {
       if (!p.queue.empty()) return Write(p);
+      if (&p == &down && link.link.close_with_upstream) return Close();
       boost::system::error_code ignored;
       p.to.shutdown(asio::socket_base::shutdown_send, ignored);
       if (up.ended && down.ended && up.queue.empty() && down.queue.empty()) Close();
@@ -207,6 +229,8 @@ struct RelayConnection : std::enable_shared_from_this<RelayConnection> {
 
   Relay& link;
   Socket client, upstream;
+  std::string peer_address;  // the client's IP address; guarded by Relay::mutex
+  const Clock::time_point accepted = Clock::now();
   Pipe up, down;
   size_t queue_limit[2] = {0, 0};
   bool closed = false;
@@ -243,6 +267,37 @@ void Relay::CloseAll() {
   }
 }
 
+bool Relay::Admit(const std::shared_ptr<RelayConnection>& connection) {
+  boost::system::error_code ec;
+  const Endpoint peer = connection->client.remote_endpoint(ec);
+  if (ec) return false;
+  std::lock_guard<std::mutex> lock(mutex);
+  connections.remove_if([](const std::weak_ptr<RelayConnection>& c) { return c.expired(); });
+  if (link.max_connections_per_address > 0) {
+    const auto from_peer = std::count_if(connections.begin(), connections.end(), [&](const std::weak_ptr<RelayConnection>& c) {
+      const auto open = c.lock();
+      return open && !open->closed && open->peer_address == PeerAddress(peer);
+    });
+    if (from_peer >= link.max_connections_per_address) return false;
+  }
+  if (link.max_connections > 0 && connections.size() >= static_cast<size_t>(link.max_connections)) {
+    // At most max_connections evictions a second: each costs gRPC a socket until it sees the close,
+    // and gRPC 1.51's listener stops for good when it runs out of them.
+    const Clock::time_point now = Clock::now();
+    const auto silent = std::find_if(connections.begin(), connections.end(), [now](const std::weak_ptr<RelayConnection>& c) {
+      const auto open = c.lock();
+      return open && !open->closed && open->down.bytes_read == 0 && now - open->accepted >= kEvictableAfter;
+    });
+    if (silent == connections.end()) return false;
+    ++refused;
+    silent->lock()->Close();
+    connections.erase(silent);
+  }
+  connection->peer_address = PeerAddress(peer);
+  connections.push_back(connection);
+  return true;
+}
+
 void Relay::Accept() {
   auto connection = std::make_shared<RelayConnection>(*this);
   acceptor.async_accept(connection->client, [this, connection](boost::system::error_code ec) {
@@ -256,15 +311,10 @@ void Relay::Accept() {
       });
       return;
     }
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      connections.remove_if([](const std::weak_ptr<RelayConnection>& c) { return c.expired(); });
-      if (link.max_connections > 0 && connections.size() >= static_cast<size_t>(link.max_connections)) {
-        ++refused;
-        connection->Close();
-        return Accept();
-      }
-      connections.push_back(connection);
+    if (!Admit(connection)) {
+      ++refused;
+      connection->Close();
+      return Accept();
     }
     connection->upstream.async_connect(upstream, [connection](boost::system::error_code cec) {
       if (cec) return connection->Close();

@@ -30,9 +30,16 @@ struct LinkOptions {
   double stall_seconds = 0;         // ... for this long
   double blackhole_at_seconds = -1; // from this time on, drop everything and answer nothing
   uint64_t seed = 1;                // of the jitter
-  // Connections open at once; one more is closed as soon as it is accepted (0: no limit). Running
-  // out of file descriptors pauses accepting for 100 ms and never stops the relay.
+  // Connections open at once; one more is closed as soon as it is accepted (0: no limit), unless
+  // one of them, open for a second or more, has had no byte from the upstream yet (a peer that
+  // never finished its first TLS flight): the oldest such is closed for it. Running out of file descriptors pauses accepting for
+  // 100 ms and never stops the relay.
   int max_connections = 0;
+  int max_connections_per_address = 0;  // from one client address; more are closed at once (0: no limit)
+  // When the upstream ends a connection (the server gave up on it), close the client's side too,
+  // whatever the client does, once what the upstream sent is delivered (false: pass the EOF on and
+  // wait for the client's, as TCP's half-close does).
+  bool close_with_upstream = false;
 };
 
 // A Unix domain socket by its file system path (at most 107 bytes).
@@ -58,7 +65,7 @@ class TcpRelay {
   uint64_t bytes_up() const;    // delivered towards upstream
   uint64_t bytes_down() const;  // delivered from upstream
   uint64_t resets() const;      // times every connection was closed by a fault
-  uint64_t refused() const;     // connections closed at once: over max_connections
+  uint64_t refused() const;     // connections closed at once (over a limit) or closed for a newcomer
   size_t open_connections() const;
 
   // Faults on demand (they act on the relay's thread, shortly after the call):
