@@ -7,7 +7,7 @@
 //   eval_split  tune | report   tune: the data set's validation split (to choose settings on);
 //                               report: the held-out split the study reports (never tuned on)
 //   out         the run's result, one JSON object (written atomically at the end)
-//   channels    AMAQ only: per-channel final width and cut statistics, CSV
+//   channels    per-channel cut statistics and, for AMAQ, final widths (0 otherwise), CSV
 //   curve       the run's per-step CSV (the client's own format)
 // The result names its build: the commit and whether the tree was dirty when it was built, the
 // LibTorch version, the compiler and the CPU (scripts/study refuses to pair runs of two commits).
@@ -63,7 +63,7 @@ Config StudyConfig() {
   Config c = client::ClientConfig("amaq-study");
   c.AddString("eval_split", "report", "which split the final metric is measured on", {"tune", "report"});
   c.AddString("out", "", "where the run's JSON result goes (required)");
-  c.AddString("channels", "", "AMAQ: per-channel widths and cut statistics as CSV (empty: none)");
+  c.AddString("channels", "", "per-channel cut statistics (and AMAQ's widths; 0 for other methods) as CSV (empty: none)");
   return c;
 }
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""peft_vs_amaq.py [--model DIR] [--steps N] [--threads 1,2]: one LoRA fine-tune step, amaq's
-in-process split step against transformers + peft, side by side in one run (docs/benchmarks.md).
+"""peft_vs_amaq.py [--model DIR] [--steps N] [--threads 1,2] [--variants fp32,...]: one LoRA fine-tune
+step, amaq's in-process split step against transformers + peft, side by side in one run
+(docs/benchmarks.md).
 
 amaq: `amaq-study` with the fp32 method (the cut's activations and gradients cross uncompressed,
 still through the codec and the gRPC messages' bytes), cut after layer 2, WordNet topics, batch 16,
@@ -9,8 +10,11 @@ at lr 0.002; its per-step CSV gives each step's wall time and its tokens (the fp
 bytes / (hidden * 4)). peft: the same model (the directory's safetensors, fp32) with
 LoraConfig(r=16, lora_alpha=32, the same seven targets), AdamW at 0.002, one training step
 (forward with labels, backward, optimizer step) on random token batches of exactly amaq's shapes,
-step for step. The first WARMUP steps of each are not timed. Prints one JSON line per (side,
-threads) and a markdown table; run it on a quiet machine (it measures wall time).
+step for step. The first WARMUP steps of each are not timed. amaq runs once per variant (VARIANTS:
+fp32 compute over fp32 base weights, bf16 compute, an NF4 base, both, and one micro-batch a step
+instead of 4), each with the CPU time its process used over its wall time (load included: how many
+cores it kept busy). Prints one JSON line per (side, variant, threads) and a markdown table; run it
+on a quiet machine (it measures wall time).
 """
 import argparse
 import csv
@@ -29,21 +33,31 @@ import peft  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 WARMUP = 2
+VARIANTS = {
+    "fp32": [],
+    "bf16-compute": ["--compute_dtype=bf16"],
+    "nf4": ["--base_weights=nf4"],
+    "nf4+bf16-compute": ["--base_weights=nf4", "--compute_dtype=bf16"],
+    "fp32-1-micro-batch": ["--micro_batches=1"],
+}
 
 
-def amaq_steps(model, steps, threads, work):
-    """(tokens, seconds) of each timed step of an amaq-study run."""
-    curve = os.path.join(work, f"amaq-{threads}.csv")
+def amaq_steps(model, steps, threads, variant, work):
+    """(tokens, seconds) of each timed step of an amaq-study run, and its CPU time over its wall time."""
+    curve = os.path.join(work, f"amaq-{threads}-{len(os.listdir(work))}.csv")
     command = [os.path.join(ROOT, "build/bin/amaq-study"), f"--model={model}", f"--data={ROOT}/data",
                "--cut_layer=2", f"--steps={steps + WARMUP}", "--batch=16", "--max_tokens=48", "--lr=0.002",
                "--method=fp32", f"--threads={threads}", "--eval_examples=1", "--task=wordnet", "--seed=1",
-               f"--out={work}/amaq-{threads}.json", f"--csv={curve}"]
+               f"--out={curve}.json", f"--csv={curve}"] + VARIANTS[variant]
+    before, started = os.times(), time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True)
+    after, wall = os.times(), time.perf_counter() - started
+    busy = (after.children_user + after.children_system - before.children_user - before.children_system) / wall
     if done.returncode != 0:
         sys.exit(f"peft_vs_amaq: amaq-study failed:\n{done.stderr[-2000:]}")
     hidden = json.load(open(os.path.join(model, "config.json")))["hidden_size"]
     rows = [r for r in csv.DictReader(open(curve)) if r["metric"] == ""]
-    return [(int(r["up_payload_bytes"]) // (hidden * 4), float(r["seconds"])) for r in rows[WARMUP:]]
+    return [(int(r["up_payload_bytes"]) // (hidden * 4), float(r["seconds"])) for r in rows[WARMUP:]], busy
 
 
 def peft_steps(model_dir, shapes, threads):
@@ -72,24 +86,34 @@ def main():
     parser.add_argument("--model", default=os.path.join(ROOT, "models/smollm2-135m-instruct"))
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--variants", default="fp32", help="of " + ", ".join(VARIANTS) + " (comma-separated)")
     args = parser.parse_args()
-    results = []
+    variants = args.variants.split(",")
+    for v in variants:
+        if v not in VARIANTS:
+            sys.exit(f"peft_vs_amaq: unknown variant {v!r}: use {', '.join(VARIANTS)}")
+    rows = []
     with tempfile.TemporaryDirectory() as work:
         for threads in [int(t) for t in args.threads.split(",")]:
-            ours = amaq_steps(args.model, args.steps, threads, work)
-            tokens = sum(t for t, _ in ours)
-            amaq_rate = tokens / sum(s for _, s in ours)
-            theirs = peft_steps(args.model, [(16, t // 16) for t, _ in ours], threads)
-            peft_rate = tokens / sum(theirs)
-            for side, rate in [("amaq", amaq_rate), ("peft", peft_rate)]:
-                line = {"bench": "peft_vs_amaq", "side": side, "threads": threads, "steps": len(ours),
-                        "tokens": tokens, "tokens_per_s": round(rate, 1), "torch": torch.__version__,
-                        "transformers": transformers.__version__, "peft": peft.__version__}
-                print(json.dumps(line), flush=True)
-            results.append((threads, amaq_rate, peft_rate))
-    print("\n| threads | amaq split step (tokens/s) | peft step (tokens/s) | amaq / peft |\n|---|---|---|---|")
-    for threads, amaq_rate, peft_rate in results:
-        print(f"| {threads} | {amaq_rate:.0f} | {peft_rate:.0f} | {amaq_rate / peft_rate:.2f}x |")
+            peft_rate = None
+            for variant in variants:
+                ours, busy = amaq_steps(args.model, args.steps, threads, variant, work)
+                tokens = sum(t for t, _ in ours)
+                amaq_rate = tokens / sum(s for _, s in ours)
+                if peft_rate is None:  # the same shapes in every variant: one peft run per thread count
+                    theirs = peft_steps(args.model, [(16, t // 16) for t, _ in ours], threads)
+                    peft_rate = tokens / sum(theirs)
+                    print(json.dumps({"bench": "peft_vs_amaq", "side": "peft", "threads": threads, "steps": len(ours),
+                                      "tokens": tokens, "tokens_per_s": round(peft_rate, 1), "torch": torch.__version__,
+                                      "transformers": transformers.__version__, "peft": peft.__version__}), flush=True)
+                print(json.dumps({"bench": "peft_vs_amaq", "side": "amaq", "variant": variant, "threads": threads,
+                                  "steps": len(ours), "tokens": tokens, "tokens_per_s": round(amaq_rate, 1),
+                                  "cores_busy": round(busy, 2)}), flush=True)
+                rows.append((threads, variant, amaq_rate, busy, peft_rate))
+    print("\n| threads | amaq variant | amaq split step (tokens/s) | amaq cores busy | peft step, fp32 (tokens/s) | amaq / peft |")
+    print("|---|---|---|---|---|---|")
+    for threads, variant, amaq_rate, busy, peft_rate in rows:
+        print(f"| {threads} | {variant} | {amaq_rate:.0f} | {busy:.2f} | {peft_rate:.0f} | {amaq_rate / peft_rate:.2f}x |")
 
 
 if __name__ == "__main__":
