@@ -11,6 +11,20 @@ namespace amaq::server {
 
 namespace {
 
+void AddAverageKeys(Config& config, const AverageOptions& defaults) {
+  config.AddString("adapter_average", defaults.rule,
+                   "collaborative mode's aggregate of the clients' adapters, per coordinate (server/adapter_average.h)",
+                   {"mean", "trimmed_mean", "median"});
+  config.AddDouble("adapter_trim", defaults.trim, "trimmed_mean: the share of uploads dropped at each end, per coordinate", 0,
+                   0.49);
+  config.AddDouble("adapter_norm_bound", defaults.norm_bound,
+                   "scale an upload down to this many times the median upload norm (0: no bound)", 0, 1e6);
+}
+
+AverageOptions AverageFromConfig(const Config& config) {
+  return {config.String("adapter_average"), config.Double("adapter_trim"), config.Double("adapter_norm_bound")};
+}
+
 // The keys that set ServerOptions fields (common/base/option_keys.h): their defaults are the struct's.
 template <typename Keys>
 void ServerOptionKeys(Keys& keys) {
@@ -35,6 +49,7 @@ void ServerOptionKeys(Keys& keys) {
               "evict a session idle this long (no stream, no call) to checkpoint_dir/sessions; its client's Join resumes it "
               "(0: never)",
               0, 1e9);
+  keys.Group(&O::averaging, AddAverageKeys, AverageFromConfig);
   keys.Int("seed", &O::seed, "seed of the LoRA initialisation (clients use the same)", 0, INT64_MAX);
 }
 

@@ -575,22 +575,10 @@ NamedFloats SplitServer::AverageAdapters(const std::string& client_id, const Nam
   std::lock_guard<std::mutex> lock(mutex_);
   SessionOf(client_id);
   adapters_[client_id] = tensors;
-  NamedFloats average;
-  for (const auto& [name, mine] : tensors) {
-    NamedFloat mean{mine.shape, std::vector<float>(mine.values.size(), 0.0f)};
-    std::vector<double> sum(mine.values.size(), 0.0);
-    int count = 0;
-    for (const auto& [other, theirs] : adapters_) {
-      const auto it = theirs.find(name);
-      if (it == theirs.end() || it->second.values.size() != mine.values.size()) continue;
-      for (size_t i = 0; i < sum.size(); ++i) sum[i] += it->second.values[i];
-      ++count;
-    }
-    for (size_t i = 0; i < sum.size(); ++i) mean.values[i] = static_cast<float>(sum[i] / count);
-    average.emplace(name, std::move(mean));
-  }
+  std::vector<const NamedFloats*> uploads;
+  for (const auto& [id, upload] : adapters_) uploads.push_back(&upload);
   *clients = static_cast<int>(adapters_.size());
-  return average;
+  return AggregateAdapters(uploads, tensors, options_.averaging);
 }
 
 ServerAdapterInfo SplitServer::AdapterOf(const std::string& client_id) {

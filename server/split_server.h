@@ -42,6 +42,7 @@
 #include "common/base/split_step.h"
 #include "quant/cut_codec.h"
 #include "quant/method.h"
+#include "server/adapter_average.h"
 #include "server/run_history.h"
 
 namespace amaq::server {
@@ -66,6 +67,7 @@ struct ServerOptions {
   // A session whose client has had no open stream and sent nothing for this long is written to
   // checkpoint_dir/sessions/ and dropped from memory; its client's next Join loads it (0: never).
   double session_ttl_seconds = 0;
+  AverageOptions averaging;  // collaborative mode's aggregate of the clients' adapters
   uint64_t seed = 1;
 };
 

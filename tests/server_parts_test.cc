@@ -9,6 +9,7 @@
 
 #include "common/base/error.h"
 #include "proto/step_messages.h"
+#include "server/adapter_average.h"
 #include "server/run_history.h"
 #include "server/step_assembler.h"
 #include "server/token_store.h"
@@ -168,6 +169,50 @@ TEST(RunHistoryTest, CurvesStayBoundedAndSpanTheRun) {
   history.RecordMetric("a", {30, 3, 0.1}, "exact_match");
   EXPECT_EQ(history.Snapshot().at("a").metrics.size(), 1u);
   EXPECT_EQ(history.Snapshot().count("b"), 0u);
+}
+
+// Issue 41 item 4: one Byzantine client within the value bounds (an upload of all 1e4) moved a
+// plain mean of adapters to about 2000; the trimmed mean (the default), the median and the norm
+// bound keep the aggregate with the honest clients.
+TEST(AdapterAverage, AByzantineUploadMovesTheMeanButNotTheRobustAggregates) {
+  const auto upload = [](std::vector<float> values) {
+    return NamedFloats{{"layers.0.q_proj.lora_A", NamedFloat{{2, 2}, std::move(values)}},
+                       {"layers.0.q_proj.lora_B", NamedFloat{{1, 2}, {0.5f, -0.5f}}}};
+  };
+  const std::vector<NamedFloats> honest = {upload({0.9f, 1.0f, -1.0f, 0.2f}), upload({1.0f, 1.1f, -0.9f, 0.1f}),
+                                           upload({1.1f, 0.9f, -1.1f, 0.3f}), upload({1.05f, 1.0f, -1.0f, 0.2f})};
+  const NamedFloats byzantine = upload({1e4f, 1e4f, 1e4f, 1e4f});
+  std::vector<const NamedFloats*> uploads;
+  for (const NamedFloats& h : honest) uploads.push_back(&h);
+  uploads.push_back(&byzantine);
+  const auto first = [&](const AverageOptions& o) { return AggregateAdapters(uploads, honest[0], o).at("layers.0.q_proj.lora_A").values; };
+
+  AverageOptions plain;
+  plain.rule = "mean";
+  plain.norm_bound = 0;
+  EXPECT_GT(first(plain)[0], 1000) << "the plain mean is pulled";
+  const std::vector<float> trimmed = first(AverageOptions{});  // trimmed_mean 0.2: one dropped at each end of 5
+  EXPECT_NEAR(trimmed[0], (1.0 + 1.05 + 1.1) / 3, 1e-5);
+  EXPECT_NEAR(trimmed[2], (-1.0 - 1.0 - 0.9) / 3, 1e-5);
+  AverageOptions median;
+  median.rule = "median";
+  EXPECT_NEAR(first(median)[1], 1.0, 1e-6);
+  AverageOptions bounded = plain;  // the mean of uploads scaled to at most 3x the median norm
+  bounded.norm_bound = 3;
+  const std::vector<float> clipped = first(bounded);
+  EXPECT_LT(clipped[0], 2.0f) << "the Byzantine upload is scaled down to 3x the median norm";
+  EXPECT_GT(clipped[0], 1.0f);
+  EXPECT_EQ(AggregateAdapters(uploads, honest[0], AverageOptions{}).at("layers.0.q_proj.lora_B").shape,
+            (std::vector<int64_t>{1, 2}));
+  AverageOptions bad;
+  bad.rule = "mode";
+  EXPECT_THROW(AggregateAdapters(uploads, honest[0], bad), Error);
+}
+
+// With fewer than 1 / trim uploads the trimmed mean drops nothing: two clients get their mean.
+TEST(AdapterAverage, FewUploadsGetThePlainMean) {
+  const NamedFloats threes{{"a", NamedFloat{{2}, {3.0f, 3.0f}}}}, fives{{"a", NamedFloat{{2}, {5.0f, 5.0f}}}};
+  EXPECT_EQ(AggregateAdapters({&threes, &fives}, threes, AverageOptions{}).at("a").values, (std::vector<float>{4.0f, 4.0f}));
 }
 
 }  // namespace
