@@ -152,8 +152,14 @@ void ActivationCache::Insert(uint64_t id, std::vector<float> values, int64_t col
   Require(cols > 0 && values.size() % static_cast<uint64_t>(cols) == 0, ErrorCode::kInvalidArgument,
           "an AQ-SGD cache entry of " + std::to_string(values.size()) + " values is not a matrix of " +
               std::to_string(cols) + " columns: give the entry's row width");
-  changed_ = true;
   auto it = entries_.find(id);
+  if (spill_dir_.empty()) {  // a hard limit: refuse before anything changes
+    const uint64_t replaced = it != entries_.end() && !it->second.on_disk ? it->second.bytes : 0;
+    Require(stats_.memory_bytes - replaced + values.size() * sizeof(float) <= memory_limit_, ErrorCode::kResourceExhausted,
+            "the AQ-SGD cache exceeds its memory limit of " + std::to_string(memory_limit_) +
+                " bytes: raise the limit or give it a spill directory");
+  }
+  changed_ = true;
   if (it == entries_.end()) {
     lru_.push_front(id);
     it = entries_.emplace(id, Entry{}).first;
@@ -179,15 +185,13 @@ void ActivationCache::Insert(uint64_t id, std::vector<float> values, int64_t col
   EnforceLimit(id);
 }
 
+// Without a spill directory the memory never exceeds the limit (Insert refuses first).
 void ActivationCache::EnforceLimit(uint64_t keep) {
   auto victim = lru_.end();
   while (stats_.memory_bytes > memory_limit_ && victim != lru_.begin()) {
     --victim;
     Entry& entry = entries_.at(*victim);
     if (entry.on_disk || *victim == keep) continue;
-    Require(!spill_dir_.empty(), ErrorCode::kResourceExhausted,
-            "the AQ-SGD cache exceeds its memory limit of " + std::to_string(memory_limit_) +
-                " bytes: raise the limit or give it a spill directory");
     const std::string path = SpillPath(*victim);
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
     out.write(reinterpret_cast<const char*>(entry.values.data()),

@@ -49,7 +49,8 @@ class ActivationCache {
   std::vector<float>* Find(uint64_t id);
   // Adds or replaces the entry of `id`: `values` is [values.size() / cols, cols], tagged `tag`.
   // Throws amaq::Error: kInvalidArgument when cols is not positive or does not divide the values,
-  // kResourceExhausted when the memory limit is exceeded and nothing can be spilled.
+  // kResourceExhausted when a spill file cannot be written, or, without a spill directory, when
+  // the entry would take the cache past its memory limit (then refused before anything changes).
   void Insert(uint64_t id, std::vector<float> values, int64_t cols, uint64_t tag = 0);
   CacheStats stats() const { return stats_; }
 

@@ -76,6 +76,15 @@ TEST(ActivationCache, WithoutASpillDirectoryTheLimitIsAnError) {
     EXPECT_EQ(e.code(), ErrorCode::kResourceExhausted);
     EXPECT_NE(std::string(e.what()).find("spill directory"), std::string::npos) << e.what();
   }
+  // Refused before it is inserted (issue 41 item 5): an AQ-SGD receiver is not left ahead of its
+  // sender, and a replacement that fits is still taken.
+  EXPECT_FALSE(cache.Contains(2));
+  EXPECT_EQ(cache.stats().entries, 1u);
+  EXPECT_EQ(cache.stats().memory_bytes, 4 * sizeof(float));
+  EXPECT_EQ(*cache.Find(1), (std::vector<float>{1, 2, 3, 4}));
+  cache.Insert(1, {9, 8, 7, 6}, 2);
+  EXPECT_EQ(*cache.Find(1), (std::vector<float>{9, 8, 7, 6}));
+  EXPECT_THROW(cache.Insert(3, std::vector<float>(8, 1.0f), 2), Error) << "an entry larger than the limit alone";
 }
 
 TEST(ActivationCache, ALostSpillFileIsReportedNotInvented) {
