@@ -53,6 +53,21 @@ TEST(Config, BadInputNamesTheKeyAndWhatIsAllowed) {
   EXPECT_NE(ErrorOf("", {"--nope", "1"}).find("unknown key 'nope'"), std::string::npos);
 }
 
+// Issue 40 item 5: an unclosed quote is reported on its own line (YAML reported the end of the
+// file, or took the next keys into the value), a key set twice is refused with both lines.
+TEST(Config, AnUnclosedQuoteAndARepeatedKeyAreReportedOnTheirLines) {
+  const std::string quote = ErrorOf("method: fp32\nmodel: \"models/x\ncut_layer: 2\nlr: 0.1\n", {});
+  EXPECT_NE(quote.find("test.yaml: line 2: a double quote is not closed"), std::string::npos) << quote;
+  EXPECT_NE(ErrorOf("model: 'a\n", {}).find("line 1: a single quote"), std::string::npos);
+  const std::string twice = ErrorOf("lr: 0.1\nmethod: fp32\nlr: 0.2\n", {});
+  EXPECT_NE(twice.find("test.yaml: line 3: 'lr' is set twice (first on line 1)"), std::string::npos) << twice;
+  Config c = Make();  // quotes inside comments and plain values, and escaped ones, are characters
+  c.Load("model: it's here  # the \"client's\" model\nmethod: \"fp32\"  # it's fp32\n", "test.yaml", {});
+  EXPECT_EQ(c.String("model"), "it's here");
+  c.Load("model: \"a \\\" b\"\n", "test.yaml", {});
+  EXPECT_EQ(c.String("model"), "a \" b");
+}
+
 TEST(Config, MissingFileIsNotFound) {
   Config c = Make();
   const char* argv[] = {"prog", "--config", "/nonexistent.yaml"};

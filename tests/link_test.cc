@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/base/error.h"
+#include "common/net/host_port.h"
 #include "common/net/tcp_relay.h"
 
 namespace amaq {
@@ -270,6 +271,26 @@ TEST(Link, RefusesImpossibleSettings) {
     EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
   }
   EXPECT_THROW(TcpRelay("127.0.0.1", 1, LinkOptions{}, "not-an-ip:0"), Error);
+}
+
+// Issue 40 item 5: a port out of range says so, not "must be host:port".
+TEST(HostPort, APortOutOfRangeSaysItsRange) {
+  EXPECT_EQ(SplitHostPort("gpu-host:50051", "server"), (std::pair<std::string, uint16_t>{"gpu-host", 50051}));
+  EXPECT_EQ(SplitHostPort("[::1]:0", "listen"), (std::pair<std::string, uint16_t>{"::1", 0}));
+  const auto message = [](const std::string& address) {
+    try {
+      SplitHostPort(address, "listen");
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(message("127.0.0.1:99999").find("'listen': port must be 1..65535"), std::string::npos) << message("127.0.0.1:99999");
+  EXPECT_NE(message("127.0.0.1:12345678901").find("must be host:port"), std::string::npos);
+  EXPECT_NE(message("localhost").find("must be host:port"), std::string::npos);
+  EXPECT_NE(message("localhost:80a").find("must be host:port"), std::string::npos);
+  EXPECT_NE(message(":80").find("must be host:port"), std::string::npos);
 }
 
 // The server's front door forwards to gRPC's private Unix socket: bytes cross both ways, counted.

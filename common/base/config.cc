@@ -2,7 +2,9 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -87,8 +89,45 @@ void Config::Set(const std::string& key, const std::string& text, const std::str
   }
 }
 
+namespace {
+
+// Each key: value is one line: a quote left open would run into the next lines, where YAML reports
+// it at the end of the file, or swallows the keys after it into one value. Names the line.
+void RequireQuotesClosePerLine(const std::string& yaml_text, const std::string& source) {
+  int line = 1;
+  size_t start = 0;
+  while (start <= yaml_text.size()) {
+    const size_t end = std::min(yaml_text.find('\n', start), yaml_text.size());
+    char quote = 0;
+    for (size_t i = start; i < end; ++i) {
+      const char ch = yaml_text[i];
+      if (quote == '"' && ch == '\\') {
+        ++i;  // an escaped character inside double quotes
+      } else if (quote != 0) {
+        if (ch == quote) quote = 0;  // '' inside single quotes closes and reopens: balanced either way
+      } else if (ch == '#' && (i == start || yaml_text[i - 1] == ' ' || yaml_text[i - 1] == '\t')) {
+        break;  // a comment
+      } else if (ch == '"' || ch == '\'') {
+        // A quote opens a quoted scalar only where a value starts (an apostrophe inside a plain
+        // value, as in client's, is a character).
+        size_t before = i;
+        while (before > start && (yaml_text[before - 1] == ' ' || yaml_text[before - 1] == '\t')) --before;
+        if (before == start || std::string(":-[{,").find(yaml_text[before - 1]) != std::string::npos) quote = ch;
+      }
+    }
+    Require(quote == 0, ErrorCode::kInvalidArgument,
+            source + ": line " + std::to_string(line) + ": a " + (quote == '"' ? "double" : "single") +
+                " quote is not closed on its line: close it (each key: value is one line)");
+    start = end + 1;
+    ++line;
+  }
+}
+
+}  // namespace
+
 void Config::Load(const std::string& yaml_text, const std::string& source, const std::vector<std::string>& flags) {
   if (!yaml_text.empty()) {
+    RequireQuotesClosePerLine(yaml_text, source);
     YAML::Node root;
     try {
       root = YAML::Load(yaml_text);
@@ -97,8 +136,14 @@ void Config::Load(const std::string& yaml_text, const std::string& source, const
     }
     Require(root.IsMap() || root.IsNull(), ErrorCode::kInvalidArgument,
             source + ": must be a mapping of key: value lines");
+    std::map<std::string, int> line_of;
     for (const auto& item : root) {
       const std::string key = item.first.as<std::string>();
+      const int line = item.first.Mark().line + 1;
+      const auto [first, fresh] = line_of.emplace(key, line);
+      Require(fresh, ErrorCode::kInvalidArgument,
+              source + ": line " + std::to_string(line) + ": '" + key + "' is set twice (first on line " +
+                  std::to_string(first->second) + "): keep one");
       Require(item.second.IsScalar(), ErrorCode::kInvalidArgument,
               source + ": '" + key + "' must be a single value, not a list or mapping");
       Set(key, item.second.as<std::string>(), source);
