@@ -271,12 +271,13 @@ bool Relay::Admit(const std::shared_ptr<RelayConnection>& connection) {
   boost::system::error_code ec;
   const Endpoint peer = connection->client.remote_endpoint(ec);
   if (ec) return false;
+  const std::string address = PeerAddress(peer);
   std::lock_guard<std::mutex> lock(mutex);
   connections.remove_if([](const std::weak_ptr<RelayConnection>& c) { return c.expired(); });
   if (link.max_connections_per_address > 0) {
     const auto from_peer = std::count_if(connections.begin(), connections.end(), [&](const std::weak_ptr<RelayConnection>& c) {
       const auto open = c.lock();
-      return open && !open->closed && open->peer_address == PeerAddress(peer);
+      return open && !open->closed && open->peer_address == address;
     });
     if (from_peer >= link.max_connections_per_address) return false;
   }
@@ -293,7 +294,7 @@ bool Relay::Admit(const std::shared_ptr<RelayConnection>& connection) {
     silent->lock()->Close();
     connections.erase(silent);
   }
-  connection->peer_address = PeerAddress(peer);
+  connection->peer_address = address;
   connections.push_back(connection);
   return true;
 }
