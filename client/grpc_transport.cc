@@ -6,6 +6,7 @@
 #include <mutex>
 #include <thread>
 
+#include "client/connection_faults.h"
 #include "common/base/error.h"
 #include "common/net/host_port.h"
 #include "proto/grpc_status.h"
@@ -110,8 +111,10 @@ GrpcTransport::GrpcTransport(GrpcOptions options) : options_(std::move(options))
     relay_ = std::make_unique<TcpRelay>(host, port);
     target = relay_->address();
   }
-  const std::string tls_name = options_.server_name.empty() ? host : options_.server_name;
-  if (!options_.insecure) args.SetSslTargetNameOverride(tls_name);
+  host_ = host;
+  port_ = port;
+  tls_name_ = options_.server_name.empty() ? host : options_.server_name;
+  if (!options_.insecure) args.SetSslTargetNameOverride(tls_name_);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   target_ = target;
@@ -172,14 +175,39 @@ int64_t GrpcTransport::Join(const JoinInfo& info) {
     // A channel that failed keeps backing off from a server that may be back already: the next
     // Join starts from a fresh one.
     if (status.error_code() == grpc::StatusCode::UNAVAILABLE) Connect();
-    throw ToError(status, "joining " + options_.server);
+    throw JoinError(status);
   }
+  joined_ = true;
+  refused_since_.reset();
   message_up_ += FramedBytes(request);
   message_down_ += FramedBytes(reply);
   if (reply.max_chunk_bytes() > 0) max_chunk_bytes_ = reply.max_chunk_bytes();
   server_decode_cache_ = reply.decode_cache();
   server_micro_batches_ = reply.micro_batches();
   return reply.last_applied_step();
+}
+
+Error GrpcTransport::JoinError(const grpc::Status& failed) {
+  // gRPC names the local byte meter it connects through; the user gave options_.server.
+  std::string text = failed.error_message();
+  if (relay_) {
+    const std::string meter = "ipv4:" + relay_->address();
+    for (size_t at = text.find(meter); at != std::string::npos; at = text.find(meter, at)) {
+      text.replace(at, meter.size(), options_.server);
+    }
+  }
+  const grpc::Status status(failed.error_code(), text);
+  if (std::optional<Error> fault = PermanentTlsFault(status, options_.server, tls_name_)) return *fault;
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE && !joined_ && RefusesConnections(host_, port_, 2)) {
+    const auto now = std::chrono::steady_clock::now();
+    if (!refused_since_) refused_since_ = now;
+    const double refused = std::chrono::duration<double>(now - *refused_since_).count();
+    const std::string message = "joining " + options_.server + ": nothing listens there (connection refused" +
+                                (refused >= 1 ? " for " + std::to_string(static_cast<int>(refused)) + " s" : "") +
+                                "): start amaq-server there, or correct server";
+    return Error(refused >= options_.refused_seconds ? ErrorCode::kFailedPrecondition : ErrorCode::kUnavailable, message);
+  }
+  return ToError(status, "joining " + options_.server);
 }
 
 StepResult GrpcTransport::Step(const StepInput& input) {

@@ -8,8 +8,10 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <chrono>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "amaq/v1/split_training.grpc.pb.h"
@@ -30,6 +32,10 @@ struct GrpcOptions {
   std::string token;        // bearer token
   bool meter = true;
   double call_timeout_seconds = 60;
+  // Before the first successful Join: how long host:port may refuse connections (nothing listens
+  // there) before Join gives up with kFailedPrecondition; until then it is kUnavailable (a server
+  // still starting). After a Join, a refusal is a restart: kUnavailable, retried.
+  double refused_seconds = 20;
 };
 
 class GrpcTransport : public Transport {
@@ -53,6 +59,9 @@ class GrpcTransport : public Transport {
  private:
   void Authorize(grpc::ClientContext* context) const;
   void AuthorizeCall(grpc::ClientContext* context) const;  // a unary call: also its deadline
+  // The error a failed Join raises: a permanent TLS fault, a port nothing listens on, or the
+  // status, each naming the server as given (client/connection_faults.h).
+  Error JoinError(const grpc::Status& failed);
   // One authorized unary call `rpc(context)` of `request` and *reply, counting their bytes; throws
   // the status as amaq::Error naming `what`.
   template <typename Request, typename Reply, typename Rpc>
@@ -64,6 +73,10 @@ class GrpcTransport : public Transport {
   grpc::Status EndStream();
 
   GrpcOptions options_;
+  std::string host_, tls_name_;
+  uint16_t port_ = 0;
+  bool joined_ = false;  // a Join has succeeded
+  std::optional<std::chrono::steady_clock::time_point> refused_since_;  // first refusal before joined_
   std::string client_id_;
   std::unique_ptr<TcpRelay> relay_;
   std::string target_;

@@ -326,6 +326,56 @@ TEST_F(Network, MalformedStepEndsThatStreamOnly) {
   EXPECT_EQ(split_->Stats().at("client-1").steps, 5);
 }
 
+// The error of one Join, and how long it took.
+std::pair<Error, double> TimedJoinError(client::GrpcOptions g, const std::string& fingerprint) {
+  const auto started = std::chrono::steady_clock::now();
+  const auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(); };
+  try {
+    client::GrpcTransport transport(g);
+    transport.Join(JoinInfo{"client-1", fingerprint, 2, "bf16"});
+  } catch (const Error& e) {
+    return {e, seconds()};
+  }
+  return {Error(ErrorCode::kInternal, "joined"), seconds()};
+}
+
+// Issue 40 item 3: permanent faults fail at once with the cause and the fix, naming the server the
+// user gave (not the local byte meter's address): a certificate from another CA, a name the
+// certificate does not hold, a port nothing listens on. (Mutual TLS without a client certificate
+// still shows as "Socket closed" and is retried: gRPC's client learns nothing more.)
+TEST_F(Network, PermanentConnectionFaultsFailFastNamingTheCause) {
+  mutual_tls_ = true;
+  StartServer();
+  const std::string fp = ModelFingerprint(*model_, 2);
+  const std::string server = "127.0.0.1:" + std::to_string(port_);
+  const auto expect = [&](const client::GrpcOptions& g, ErrorCode code, const std::string& cause) {
+    const auto [error, seconds] = TimedJoinError(g, fp);
+    const std::string m = error.what();
+    EXPECT_EQ(error.code(), code) << m;
+    EXPECT_NE(m.find(cause), std::string::npos) << m;
+    EXPECT_NE(m.find(g.server), std::string::npos) << "names the server given: " << m;
+    EXPECT_EQ(m.find("ipv4:127.0.0.1:"), std::string::npos) << "not the byte meter's address: " << m;
+    EXPECT_LT(seconds, 15) << m;
+  };
+  client::GrpcOptions with_certificate = ClientTransport(kToken1, port_);
+  with_certificate.tls.cert = *certs_ + "/client-1.pem";
+  with_certificate.tls.key = *certs_ + "/client-1.key";
+
+  const std::string other_ca = testing::TempDir("other-ca");
+  ASSERT_EQ(std::system((std::string(AMAQ_SOURCE_DIR) + "/scripts/make-certs " + other_ca).c_str()), 0);
+  client::GrpcOptions wrong_ca = with_certificate;
+  wrong_ca.tls.ca = other_ca + "/ca.pem";
+  expect(wrong_ca, ErrorCode::kFailedPrecondition, "tls_ca");
+  client::GrpcOptions wrong_name = with_certificate;
+  wrong_name.server_name = "gpu-host.example.org";
+  expect(wrong_name, ErrorCode::kFailedPrecondition, "tls_server_name");
+  client::GrpcOptions nobody = with_certificate;
+  nobody.server = "127.0.0.1:1";
+  nobody.refused_seconds = 0;  // before a first Join (default 20 s: a server still starting)
+  expect(nobody, ErrorCode::kFailedPrecondition, "nothing listens");
+  EXPECT_EQ(JoinError(with_certificate, "client-1", fp), ErrorCode::kInternal) << "the right settings join";
+}
+
 // A client started before its server (or while it restarts) keeps trying to join for
 // retry_seconds instead of failing at once.
 TEST_F(Network, ClientWaitsForAServerThatIsNotUpYet) {
