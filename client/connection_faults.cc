@@ -21,9 +21,12 @@ bool HasAny(const std::string& text, std::initializer_list<const char*> needles)
 }  // namespace
 
 std::optional<Error> PermanentTlsFault(const grpc::Status& status, const std::string& server, const std::string& tls_name) {
+  // gRPC's own transport failures only: a server's refusal (FAILED_PRECONDITION, ...) has words of
+  // its own that must not be read as TLS faults.
+  if (status.error_code() != grpc::StatusCode::UNAVAILABLE) return std::nullopt;
   const std::string text = Lower(status.error_message());
   const std::string detail = " (gRPC: " + Excerpt(status.error_message(), 160) + ")";
-  if (HasAny(text, {"not in peer certificate", "hostname mismatch", "does not match"})) {
+  if (HasAny(text, {"not in peer certificate", "hostname mismatch"})) {
     return Error(ErrorCode::kFailedPrecondition,
                  "joining " + server + ": the server's certificate is not issued to '" + tls_name +
                      "': connect by a name it holds, or set tls_server_name to one" + detail);

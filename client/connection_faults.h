@@ -15,7 +15,8 @@
 
 namespace amaq::client {
 
-// The permanent TLS fault in `status` (a failed Join to `server`, verifying `tls_name`), if any.
+// The permanent TLS fault in `status` (a failed Join to `server`, verifying `tls_name`), if any;
+// only an UNAVAILABLE status (the transport's) is read.
 std::optional<Error> PermanentTlsFault(const grpc::Status& status, const std::string& server, const std::string& tls_name);
 
 // Whether host:port refuses a TCP connection (nothing listens there), by connecting directly, for
