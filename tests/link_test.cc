@@ -318,6 +318,8 @@ TEST(Link, ForwardsToAUnixSocketUpstream) {
     std::array<char, 5> back{};
     asio::read(client, asio::buffer(back));
     EXPECT_EQ(std::string(back.begin(), back.end()), "hello");
+    // Counted when the relay's write completes, which may be just after the client has the bytes.
+    for (int i = 0; i < 250 && relay.bytes_down() < 5; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     EXPECT_EQ(relay.bytes_up(), 5u);
     EXPECT_EQ(relay.bytes_down(), 5u);
   }
