@@ -42,6 +42,12 @@ void ServerOptionKeys(Keys& keys) {
   keys.Int("checkpoint_every", &O::checkpoint_every, "applied training steps between checkpoints", 1, 1000000000);
   keys.Int("max_batch_tokens", &O::max_batch_tokens, "largest batch x tokens of one step", 1, 1 << 24);
   keys.Int("max_sequence_tokens", &O::max_sequence_tokens, "longest row of a step (0: the model's max_position_embeddings, never more)", 0, 1 << 24);
+  keys.Int("max_step_memory_mb", &O::max_step_memory_mb,
+           "most memory one step may need by the server's estimate (server/step_cost.h; 0: a quarter of the device's memory)",
+           0, int64_t{1} << 40);
+  keys.Int("max_client_memory_mb", &O::max_client_memory_mb,
+           "most memory one client's step and the decoding cache it leaves may hold together (0: half of the device's memory)", 0,
+           int64_t{1} << 40);
   keys.Double("max_steps_per_second", &O::max_steps_per_second, "per-client limit on training steps per second (0: none)", 0, 1e6);
   keys.Int("aqsgd_cache_mb", &O::aqsgd_cache_mb, "memory of each client's AQ-SGD cache before spilling", 1, 1 << 20);
   keys.String("aqsgd_spill_dir", &O::aqsgd_spill_dir, "where AQ-SGD caches spill (empty: the memory limit is hard)");

@@ -19,6 +19,7 @@
 #include "common/model/evaluate.h"
 #include "quant/checksum.h"
 #include "common/model/lora_row_groups.h"
+#include "server/step_cost.h"
 
 namespace amaq::server {
 
@@ -95,6 +96,13 @@ SplitServer::SplitServer(ServerOptions options) : options_(std::move(options)) {
               std::to_string(config_.num_hidden_layers));
   device_ = PickDevice(options_.device);
   device_name_ = device_.is_cuda() ? "cuda:0" : "cpu";
+  const uint64_t device_memory = DeviceMemoryBytes(device_.is_cuda(), 0);
+  step_budget_ = options_.max_step_memory_mb > 0 ? static_cast<uint64_t>(options_.max_step_memory_mb) << 20 : device_memory / 4;
+  client_budget_ = options_.max_client_memory_mb > 0 ? static_cast<uint64_t>(options_.max_client_memory_mb) << 20 : device_memory / 2;
+  Require(step_budget_ > 0 && client_budget_ > 0, ErrorCode::kFailedPrecondition,
+          "the memory of " + device_name_ + " is unknown (nvidia-smi did not say): set max_step_memory_mb and max_client_memory_mb");
+  spdlog::info("a step may need at most {} MiB by its estimate (max_step_memory_mb), with its client's decoding cache {} MiB "
+               "(max_client_memory_mb)", step_budget_ >> 20, client_budget_ >> 20);
   const BaseWeights base_weights = ParseBaseWeights(options_.base_weights);
   fingerprint_ = ModelFingerprint(options_.model_dir, options_.cut_layer, base_weights);
   torch::manual_seed(options_.seed);
@@ -164,8 +172,17 @@ int64_t SplitServer::Join(const std::string& client_id, const std::string& finge
   Require(method.size() <= 256, ErrorCode::kInvalidArgument,
           "method name of " + std::to_string(method.size()) + " characters: use a method of docs/amaq.md");
   const std::unique_ptr<quant::Method> parsed = quant::Method::Parse(method);
-  const std::string canonical = parsed->ToString();
-  std::lock_guard<std::mutex> lock(mutex_);
+  {
+    std::lock_guard<std::mutex> lock(sessions_mutex_);
+    if (!sessions_.count(client_id)) return JoinLocked(client_id, *parsed);  // a session not in memory is in no step
+  }
+  std::lock_guard<std::mutex> step(step_mutex_);
+  std::lock_guard<std::mutex> lock(sessions_mutex_);
+  return JoinLocked(client_id, *parsed);
+}
+
+int64_t SplitServer::JoinLocked(const std::string& client_id, const quant::Method& method) {
+  const std::string canonical = method.ToString();
   auto it = sessions_.find(client_id);
   if (it == sessions_.end()) {
     std::unique_ptr<Session> session = LoadEvicted(client_id);
@@ -181,15 +198,23 @@ int64_t SplitServer::Join(const std::string& client_id, const std::string& finge
   Require(s.method_text.empty() || s.method_text == canonical, ErrorCode::kInvalidArgument,
           "client " + client_id + " trained with method " + s.method_text + " and now asks for " + canonical +
               ": keep the method, or use a new client_id");
-  if (!s.codec) s.codec = parsed->MakeServerCodec(CodecContextFor(client_id));
+  if (!s.codec) s.codec = method.MakeServerCodec(CodecContextFor(client_id));
   s.method_text = canonical;
   s.codec->Reset();  // a (re)joining client starts fresh codec streams; AQ-SGD caches survive
   s.decode_cache.reset();
+  PublishLocked(s);
   spdlog::info("client {} joined: method {}, last applied step {}", client_id, s.method_text, s.last_applied);
   return s.last_applied;
 }
 
+void SplitServer::PublishLocked(const Session& s) {
+  ClientStats& shown = published_[s.client_id];
+  shown = s.stats;
+  shown.method = s.method_text;
+}
+
 SplitServer::Session& SplitServer::SessionOf(const std::string& client_id) {
+  std::lock_guard<std::mutex> lock(sessions_mutex_);
   const auto it = sessions_.find(client_id);
   Require(it != sessions_.end() && !it->second->method_text.empty(), ErrorCode::kFailedPrecondition,
           "client " + client_id + " has not joined, or its session was evicted after session_ttl_seconds idle: call Join "
@@ -224,7 +249,8 @@ StepResult SplitServer::Step(const std::string& client_id, const StepInput& in) 
 }
 
 void SplitServer::StepBatch(std::vector<BatchEntry>& batch) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<std::mutex> step(step_mutex_);
+  std::vector<const Session*> touched;  // refused steps count their bytes too
   const auto started = Clock::now();
   std::vector<Admitted> train, replays;
   std::set<std::string> clients;
@@ -233,6 +259,7 @@ void SplitServer::StepBatch(std::vector<BatchEntry>& batch) {
       Require(clients.insert(e.client_id).second, ErrorCode::kInternal,
               "two steps of client " + e.client_id + " in one batch: batch at most one step per client");
       Session& s = SessionOf(e.client_id);
+      touched.push_back(&s);
       const StepInput& in = *e.input;
       if (in.cache == DecodeCache::kNone) s.decode_cache.reset();
       CheckStepFields(in, step_limits());
@@ -240,6 +267,7 @@ void SplitServer::StepBatch(std::vector<BatchEntry>& batch) {
         e.result = std::move(*stored);
         continue;
       }
+      AdmitCost(s, in);
       const bool replay = Admit(s, in, started);
       Received received;
       torch::Tensor activation = Decode(s, in, &received);
@@ -267,6 +295,8 @@ void SplitServer::StepBatch(std::vector<BatchEntry>& batch) {
     std::vector<Admitted> one{std::move(replay)};
     train_batch(one, true);
   }
+  std::lock_guard<std::mutex> lock(sessions_mutex_);
+  for (const Session* s : touched) PublishLocked(*s);
 }
 
 std::optional<StepResult> SplitServer::AnswerRetry(Session& s, const StepInput& in) {
@@ -286,6 +316,23 @@ std::optional<StepResult> SplitServer::AnswerRetry(Session& s, const StepInput& 
   again.gradient = s.codec->EncodeGradient(g.data_ptr<float>(), g.size(0), g.size(1)).bytes;
   s.stats.gradient_bytes += again.gradient.size();
   return again;
+}
+
+void SplitServer::AdmitCost(const Session& s, const StepInput& in) const {
+  const int64_t server_layers = config_.num_hidden_layers - options_.cut_layer;
+  const bool extends = in.cache == DecodeCache::kExtend && s.decode_cache;
+  const int64_t cached = extends ? s.decode_cache->length() : 0;
+  const StepCost cost = EstimateStepCost(config_, server_layers, options_.lora.rank, in, cached);
+  const auto mib = [](uint64_t bytes) { return std::to_string((bytes + (1 << 20) - 1) >> 20) + " MiB"; };
+  const std::string step = "step " + std::to_string(in.step_id) + " of client " + s.client_id + " (" +
+                           std::to_string(in.batch) + " x " + std::to_string(in.tokens) + " tokens)";
+  Require(cost.bytes <= step_budget_, ErrorCode::kResourceExhausted,
+          step + " needs about " + mib(cost.bytes) + " on the server, over its limit of " + mib(step_budget_) +
+              " per step (max_step_memory_mb): send fewer rows or tokens per step, or raise the limit");
+  Require(cost.bytes + cost.kept_bytes <= client_budget_, ErrorCode::kResourceExhausted,
+          step + " needs about " + mib(cost.bytes) + " on the server and leaves " + mib(cost.kept_bytes) +
+              " in its decoding cache, over the limit of " + mib(client_budget_) +
+              " per client (max_client_memory_mb): decode shorter sequences or fewer rows, or raise the limit");
 }
 
 bool SplitServer::Admit(const Session& s, const StepInput& in, Clock::time_point now) const {
@@ -572,7 +619,7 @@ void SplitServer::CheckAdapter(const NamedFloats& tensors) const {
 
 NamedFloats SplitServer::AverageAdapters(const std::string& client_id, const NamedFloats& tensors, int* clients) {
   CheckAdapter(tensors);
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<std::mutex> step(step_mutex_);
   SessionOf(client_id);
   adapters_[client_id] = tensors;
   std::vector<const NamedFloats*> uploads;
@@ -582,7 +629,7 @@ NamedFloats SplitServer::AverageAdapters(const std::string& client_id, const Nam
 }
 
 ServerAdapterInfo SplitServer::AdapterOf(const std::string& client_id) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<std::mutex> step(step_mutex_);
   Session& s = SessionOf(client_id);
   ServerAdapterInfo info;
   const std::vector<torch::Tensor>& lora = LoraOf(s).values;
@@ -600,13 +647,8 @@ ServerAdapterInfo SplitServer::AdapterOf(const std::string& client_id) {
 }
 
 std::map<std::string, ClientStats> SplitServer::Stats() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  std::map<std::string, ClientStats> out;
-  for (const auto& [id, s] : sessions_) {
-    out[id] = s->stats;
-    out[id].method = s->method_text;
-  }
-  return out;
+  std::lock_guard<std::mutex> lock(sessions_mutex_);
+  return published_;
 }
 
 void SplitServer::ReportMetric(const std::string& client_id, int64_t step, const std::string& name, double value) {
@@ -615,10 +657,7 @@ void SplitServer::ReportMetric(const std::string& client_id, int64_t step, const
   Require(std::isfinite(value), ErrorCode::kInvalidArgument, "metric " + Excerpt(name) + " is not finite: report a number");
   Require(step >= 0, ErrorCode::kInvalidArgument, "a metric's step must be >= 0, got " + std::to_string(step));
   const double seconds = std::chrono::duration<double>(Clock::now() - started_).count();
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    SessionOf(client_id);
-  }
+  SessionOf(client_id);
   history_.RecordMetric(client_id, {step, seconds, value}, name);
 }
 
@@ -648,12 +687,13 @@ void LoadLora(torch::serialize::InputArchive& archive, const std::string& prefix
 }  // namespace
 
 void SplitServer::Checkpoint() {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<std::mutex> step(step_mutex_);
   CheckpointLocked();
 }
 
 void SplitServer::CheckpointLocked() {
   if (options_.checkpoint_dir.empty()) return;
+  std::lock_guard<std::mutex> lock(sessions_mutex_);  // a first Join waits: the map is walked
   torch::serialize::OutputArchive archive;
   std::string clients;
   for (const auto& [id, s] : sessions_) {
@@ -746,7 +786,8 @@ std::unique_ptr<SplitServer::Session> SplitServer::LoadEvicted(const std::string
 
 int SplitServer::EvictIdle(const std::set<std::string>& connected) {
   if (options_.session_ttl_seconds <= 0) return 0;
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<std::mutex> step(step_mutex_);
+  std::unique_lock<std::mutex> lock(sessions_mutex_);
   const auto now = Clock::now();
   std::vector<std::string> idle;
   for (const auto& [id, s] : sessions_) {
@@ -764,15 +805,17 @@ int SplitServer::EvictIdle(const std::set<std::string>& connected) {
     archive.save_to(bytes);
     WriteFileAtomically(EvictedPath(id), bytes.str());
     sessions_.erase(id);
+    published_.erase(id);
     ++sessions_evicted_;
     spdlog::info("client {}: session evicted after {:g} s idle (kept in {})", id, options_.session_ttl_seconds, EvictedPath(id));
   }
+  lock.unlock();
   CheckpointLocked();  // without them: their files are the newer state
   return static_cast<int>(idle.size());
 }
 
 size_t SplitServer::sessions_in_memory() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<std::mutex> lock(sessions_mutex_);
   return sessions_.size();
 }
 
@@ -794,6 +837,7 @@ void SplitServer::LoadCheckpoint() {
     // A session evicted after this checkpoint was written: its file is the newer state.
     std::unique_ptr<Session> evicted = LoadEvicted(id);
     if (evicted && evicted->stats.steps > s->stats.steps) continue;
+    PublishLocked(*s);  // the constructor's: nothing else runs yet
     sessions_.emplace(id, std::move(s));
   }
   if (shared_) LoadLora(archive, "shared", shared_->values, *shared_->optimizer);

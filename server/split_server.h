@@ -5,7 +5,9 @@
 // server codec (quant/cut_codec.h: both codec streams, the AQ-SGD cache), its step counter and the
 // reply of its last step; and either its own server LoRA with its own optimizer or a share of one
 // LoRA common to all clients. A step runs in stages:
-//   admit    the fields are checked; a retry of the last applied step is answered from the stored
+//   admit    the fields are checked; a step whose estimated memory (server/step_cost.h) exceeds
+//            max_step_memory_mb, or with the decoding cache it leaves max_client_memory_mb, is
+//            refused (kResourceExhausted, naming the limit); a retry of the last applied step is answered from the stored
 //            reply; a gap in step ids is refused; a TRAIN step sooner than 1/max_steps_per_second
 //            after the client's last applied one is refused (kResourceExhausted: retry later);
 //   decode   the activation, by the session's codec (its streams advance with every message
@@ -15,6 +17,7 @@
 //            max_sequence_tokens and max_batch_tokens, dropped by any other step); TRAIN: forward, loss (a loss that is not
 //            finite is refused), backward, the gradient encoded;
 //   commit   TRAIN: the optimizer steps, the step counter, statistics and stored reply move on.
+// Join, Stats and ReportMetric of other clients are answered while a step computes.
 // A step refused at any stage leaves the LoRA, the optimizer, the step counter and the statistics
 // as they were (only the activation bytes it carried are counted as received). Steps are applied
 // once: a repeated step id below the last one (a replay after the server restarted) is answered but
@@ -62,6 +65,9 @@ struct ServerOptions {
   int64_t max_batch_tokens = 65536;
   int64_t max_sequence_tokens = 0;  // tokens per row; 0: the model's max_position_embeddings (never more)
   double max_steps_per_second = 0;  // per client; 0: no limit (RESOURCE_EXHAUSTED above it)
+  // Budgets of a step's estimated memory (server/step_cost.h), alone and with the decoding cache it
+  // leaves its client; 0: a quarter and a half of the device's memory (RESOURCE_EXHAUSTED above them).
+  int64_t max_step_memory_mb = 0, max_client_memory_mb = 0;
   int64_t aqsgd_cache_mb = 1024;
   std::string aqsgd_spill_dir;
   // A session whose client has had no open stream and sent nothing for this long is written to
@@ -91,6 +97,9 @@ class SplitServer {
   const std::string& fingerprint() const { return fingerprint_; }
   const std::string& device() const { return device_name_; }
   const ModelConfig& config() const { return config_; }
+  // The memory budgets in bytes (max_step_memory_mb, max_client_memory_mb resolved for the device).
+  uint64_t step_budget() const { return step_budget_; }
+  uint64_t client_budget() const { return client_budget_; }
   // The step shapes this server accepts (max_sequence_tokens capped at the model's positions).
   StepShapeLimits step_limits() const;
   // Whether TRAIN steps may come in parts (StepInput::micro_batch): not with shared_lora, whose one
@@ -157,10 +166,18 @@ class SplitServer {
   struct LoraState;
   struct Session;
   using Clock = std::chrono::steady_clock;
+  // The joined session of `client_id` (takes sessions_mutex_); the reference stays valid while the
+  // caller holds step_mutex_ (only EvictIdle removes sessions, under both).
   Session& SessionOf(const std::string& client_id);
+  // Join's work on the session (the caller holds sessions_mutex_, and step_mutex_ when the
+  // session was in memory already).
+  int64_t JoinLocked(const std::string& client_id, const quant::Method& method);
+  // Makes `s`'s statistics what Stats() shows (the caller holds sessions_mutex_).
+  void PublishLocked(const Session& s);
   // The stages of Step (see the top of this file).
   std::optional<StepResult> AnswerRetry(Session& s, const StepInput& in);
   bool Admit(const Session& s, const StepInput& in, Clock::time_point now) const;  // true: a replay
+  void AdmitCost(const Session& s, const StepInput& in) const;
   struct Received {  // what the decode stage learnt of the activation
     double average_bits = 0;
     std::map<int, double> width_shares;
@@ -205,7 +222,15 @@ class SplitServer {
   std::atomic<int64_t> sessions_evicted_{0};
   RunHistory history_;
   const Clock::time_point started_ = Clock::now();
-  mutable std::mutex mutex_;  // one step at a time; guards sessions_
+  // Two locks, always taken in this order. step_mutex_: one step at a time; held by steps,
+  // checkpoints, evictions, adapter calls and a rejoin of a session in memory: whatever reads or
+  // writes a session's LoRA, codec or counters. sessions_mutex_: the sessions_ map (a first Join
+  // adds to it under this lock alone, so that clients join while a step computes) and published_;
+  // never held while a step computes.
+  uint64_t step_budget_ = 0, client_budget_ = 0;  // bytes: the options' budgets, resolved for the device
+  mutable std::mutex step_mutex_;
+  mutable std::mutex sessions_mutex_;
+  std::map<std::string, ClientStats> published_;  // Stats(): each session's, as of its last step or Join
 };
 
 }  // namespace amaq::server

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <set>
 #include <sstream>
@@ -30,6 +31,8 @@
 #include "quant/aqsgd.h"
 #include "quant/checksum.h"
 #include "server/metrics_http.h"
+#include "server/prometheus_text.h"
+#include "server/step_cost.h"
 #include "test_tensors.h"
 #include "zstd_bomb.h"
 
@@ -575,6 +578,122 @@ TEST_F(Network, TheFrontDoorFreesSlotsThatIdlePeersHold) {
   ASSERT_TRUE(channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10)));
   EXPECT_TRUE(testing::WaitFor([&] { return channel->GetState(false) != GRPC_CHANNEL_READY; }, 10))
       << "a connection with no call in flight is closed after connection_idle_seconds";
+}
+
+// A step of `batch` x `tokens` whose every token is real (TRAIN and SCORE: labelled after the
+// first), carrying `payload` in one chunk; and the same step as the server's estimator sees it.
+StepRequest ShapedStep(StepRequest::Kind kind, int batch, int tokens, StepRequest::DecodeCache cache, const std::string& payload) {
+  StepRequest r;
+  r.set_kind(kind);
+  r.set_batch(batch);
+  r.set_tokens(tokens);
+  r.set_cache(cache);
+  for (int i = 0; i < batch * tokens; ++i) {
+    r.add_attention_mask(1);
+    r.add_labels(kind != StepRequest::NEXT_TOKEN && i % tokens > 0 ? 3 : -100);
+  }
+  r.set_chunk_count(1);
+  r.set_payload(payload);
+  return r;
+}
+
+server::StepCost CostOf(const StepRequest& r, const ModelConfig& config) {
+  StepInput in;
+  in.kind = static_cast<StepKind>(r.kind());
+  in.batch = r.batch();
+  in.tokens = r.tokens();
+  in.labels.assign(r.labels().begin(), r.labels().end());
+  in.cache = static_cast<DecodeCache>(r.cache());
+  return server::EstimateStepCost(config, config.num_hidden_layers - 2, 8, in, 0);
+}
+
+// Round two, item 4: a maximal legal step (a TRAIN of 128 x 512 tokens) took 421 s and 8 GB before
+// anything refused it. Now the server estimates a step's memory from its shape and refuses it before
+// decoding anything when it exceeds max_step_memory_mb, or, with the decoding cache it would leave
+// the client, max_client_memory_mb; the status names the limit and the client's state is untouched.
+TEST_F(Network, StepsOverTheMemoryBudgetsAreRefusedBeforeTheyRun) {
+  const ModelConfig config = ModelConfig::Load(*model_ + "/config.json");
+  const StepRequest train = ShapedStep(StepRequest::TRAIN, 8, 256, StepRequest::NO_CACHE, "never decoded");
+  const StepRequest decode = ShapedStep(StepRequest::NEXT_TOKEN, 256, 16, StepRequest::START_CACHE, "never decoded");
+  StepRequest uncached = decode;
+  uncached.set_cache(StepRequest::NO_CACHE);
+  const server::StepCost decoding = CostOf(decode, config);
+  // A budget between the decoding step's own memory and that memory with the cache it leaves.
+  const int64_t budget_mb = static_cast<int64_t>((decoding.bytes + (1 << 20) - 1) >> 20);
+  ASSERT_LT(decoding.bytes, static_cast<uint64_t>(budget_mb) << 20);
+  ASSERT_GT(decoding.bytes + decoding.kept_bytes, static_cast<uint64_t>(budget_mb) << 20);
+  ASSERT_GT(CostOf(train, config).bytes, static_cast<uint64_t>(budget_mb) << 20);
+  max_step_memory_mb_ = budget_mb;
+  max_client_memory_mb_ = budget_mb;
+  StartServer();
+  auto stub = RawStub();
+  ASSERT_TRUE(RawJoin(*stub, kToken2, "client-2", "fp32").ok());
+
+  const grpc::Status too_big = SendSteps(*stub, {train});
+  EXPECT_EQ(too_big.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << too_big.error_message();
+  EXPECT_NE(too_big.error_message().find("max_step_memory_mb"), std::string::npos) << too_big.error_message();
+  const grpc::Status cache_too_big = SendSteps(*stub, {decode});
+  EXPECT_EQ(cache_too_big.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << cache_too_big.error_message();
+  EXPECT_NE(cache_too_big.error_message().find("max_client_memory_mb"), std::string::npos) << cache_too_big.error_message();
+  // Without the cache the same step is admitted, and only then fails on its payload.
+  const grpc::Status admitted = SendSteps(*stub, {uncached});
+  EXPECT_NE(admitted.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << admitted.error_message();
+  EXPECT_EQ(admitted.error_message().find("memory_mb"), std::string::npos) << admitted.error_message();
+  EXPECT_EQ(split_->Stats().at("client-2").steps, 0);
+}
+
+// Round two, item 4: while one client's largest step computed, another client's Join, Status and
+// the metrics page waited for it (DEADLINE_EXCEEDED after 20 s, probes timing out). The step holds
+// only the step lock now: they are answered while it computes, before its reply comes back.
+TEST_F(Network, OthersAreAnsweredWhileAStepComputes) {
+  StartServer();
+  server::MetricsOptions m;
+  m.listen = "0";
+  m.token = "metrics-token-0123456789";
+  server::MetricsHttp http(m, {{"/metrics", server::HttpPage{"text/plain", [&] { return server::PrometheusText(*service_); }}}});
+  auto stub = RawStub();
+  ASSERT_TRUE(RawJoin(*stub, kToken2, "client-2", "fp32").ok());
+  const int64_t batch = 16, tokens = 512, hidden = split_->config().hidden_size;
+  const std::vector<float> values(static_cast<size_t>(batch * tokens * hidden), 0.25f);
+  quant::EncodeOptions o;
+  o.scheme = quant::Scheme::kFloat32;
+  const std::vector<uint8_t> bytes = quant::Encoder().Encode(values.data(), batch * tokens, hidden, quant::BitsTable{}, o).bytes;
+  const StepRequest big = ShapedStep(StepRequest::TRAIN, batch, tokens, StepRequest::NO_CACHE, "");
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point replied;
+  StepReply reply;
+  std::thread step([&] {
+    grpc::ClientContext context;
+    Network::Authorize(&context, kToken2);
+    auto stream = stub->Steps(&context);
+    for (const StepRequest& r : Chunked(big, std::string(bytes.begin(), bytes.end()), 4096)) stream->Write(r);
+    stream->WritesDone();
+    stream->Read(&reply);  // the first chunk of the reply: the step has computed
+    replied = Clock::now();
+    StepReply rest;
+    while (stream->Read(&rest)) {
+    }
+    EXPECT_TRUE(stream->Finish().ok());
+  });
+  // The step is received, then taken off the queue to compute: then ask.
+  ASSERT_TRUE(testing::WaitFor([&] { return service_->worker().batches() == 1; }, 60));
+  ASSERT_TRUE(RawJoin(*RawStub(), kToken1, "client-1", "fp32").ok());
+  const Clock::time_point joined = Clock::now();
+  grpc::ClientContext context;
+  Network::Authorize(&context, kAdminToken);
+  amaq::v1::StatusReply status;
+  ASSERT_TRUE(stub->Status(&context, amaq::v1::StatusRequest(), &status).ok());
+  std::string metrics;
+  EXPECT_EQ(GetMetrics(http.port(), m.token, &metrics), 200);
+  const Clock::time_point answered = Clock::now();
+  step.join();
+  ASSERT_EQ(reply.step_id(), 0);
+  std::cout << "the step computed for " << reply.server_seconds() << " s\n";
+  // Each was answered while the step still had half its compute ahead (waiting for the step, they
+  // would be answered as its reply comes back).
+  const auto half = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(reply.server_seconds() / 2));
+  EXPECT_LT(joined + half, replied) << "Join waited for the step";
+  EXPECT_LT(answered + half, replied) << "Status or /metrics waited for the step";
 }
 
 // A client fetches its own server-side LoRA, never another's: the caller is the token's client.

@@ -50,6 +50,8 @@ class Network : public ::testing::Test {
     o.checkpoint_every = 1;
     o.max_batch_tokens = max_batch_tokens_;
     o.session_ttl_seconds = session_ttl_seconds_;
+    o.max_step_memory_mb = max_step_memory_mb_;
+    o.max_client_memory_mb = max_client_memory_mb_;
     o.shared_lora = shared_lora_;
     split_ = std::make_unique<server::SplitServer>(o);
     tokens_store_ = std::make_unique<server::TokenStore>(use_tokens_ ? *tokens_ : "");
@@ -144,6 +146,7 @@ class Network : public ::testing::Test {
   bool mutual_tls_ = false; // true: clients must present a certificate of the test CA
   int64_t max_batch_tokens_ = 65536;
   double session_ttl_seconds_ = 0;  // set with a checkpoint_dir: idle sessions are evicted
+  int64_t max_step_memory_mb_ = 0, max_client_memory_mb_ = 0;  // 0: the device's share
   bool shared_lora_ = false;
   static std::string* model_;
   static std::string* certs_;
