@@ -8,6 +8,7 @@
 #include "common/base/option_keys.h"
 #include "common/base/program.h"
 #include "common/net/host_port.h"
+#include "common/text/user_data.h"
 #include "quant/method.h"
 
 namespace amaq::client {
@@ -100,10 +101,10 @@ Config ClientConfig(const std::string& program) {
   Config c(program);
   DeclareOptionKeys<GrpcOptions>(c, [](auto& keys) { GrpcOptionKeys(keys); });
   DeclareOptionKeys<ClientOptions>(c, [](auto& keys) { ClientOptionKeys(keys); });
-  c.AddString("task", "wordnet", "data set", {"wordnet", "verbs", "arithmetic", "jsonl"});
+  c.AddString("task", "wordnet", "data set (file: your own, docs/data.md)", {"wordnet", "verbs", "arithmetic", "file"});
   c.AddString("data", "data", "data directory (scripts/fetch-data)");
-  c.AddString("train_jsonl", "", "task jsonl: training file");
-  c.AddString("validation_jsonl", "", "task jsonl: validation file");
+  c.AddString("train_file", "", "task file: training examples, a .jsonl or .csv file (docs/data.md)");
+  c.AddString("validation_file", "", "task file: validation examples, a .jsonl or .csv file (the metric is measured on them)");
   c.AddInt("shard_index", 0, "this client's share of the training data: examples i with i % shard_count == shard_index", 0, 1 << 20);
   c.AddInt("shard_count", 1, "number of shares", 1, 1 << 20);
   c.AddInt("max_train_examples", 0, "cap on this client's training examples (0: all)", 0, INT64_MAX);
@@ -130,7 +131,7 @@ Dataset LoadTask(const Config& c) {
   Dataset all = task == "wordnet" ? LoadWordNetTopics(c.String("data"))
               : task == "verbs"   ? LoadVerbPastTense(c.String("data"))
               : task == "arithmetic" ? MakeArithmetic(3, 20000, 500, 500, 7)
-              : LoadJsonl(c.String("train_jsonl"), c.String("validation_jsonl"), "");
+              : LoadUserData(c.String("train_file"), c.String("validation_file"));
   Dataset mine = all;
   mine.train.clear();
   const auto shard = static_cast<size_t>(c.Int("shard_index")), shards = static_cast<size_t>(c.Int("shard_count"));
@@ -138,6 +139,9 @@ Dataset LoadTask(const Config& c) {
   for (size_t i = 0; i < all.train.size(); ++i) {
     if (i % shards == shard) mine.train.push_back(all.train[i]);
   }
+  Require(!mine.train.empty(), ErrorCode::kInvalidArgument,
+          "share " + std::to_string(shard) + " of " + std::to_string(shards) + " of the " + all.name +
+              " training examples is empty (" + std::to_string(all.train.size()) + " examples): use a smaller shard_count");
   const auto cap = static_cast<size_t>(c.Int("max_train_examples"));
   if (cap > 0 && mine.train.size() > cap) mine.train.resize(cap);
   return mine;

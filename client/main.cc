@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <thread>
+#include <utility>
 
 #include "client/grpc_transport.h"
 #include "client/client_config.h"
@@ -21,11 +22,12 @@ namespace {
 
 int Run(const Config& c) {
   SetComputeThreads(static_cast<int>(c.Int("threads")));
+  Dataset data = client::LoadTask(c);  // a data error stops the client before it connects
   client::GrpcTransport transport(client::GrpcOptionsFrom(c));
 
   const client::ClientOptions o = client::ClientOptionsFrom(c);
   if (o.base_weights != "fp32" || o.recompute_layers || o.compute_dtype != "fp32") ReturnLargeFreesToTheSystem();  // asked to save memory
-  client::SplitClient split(o, client::LoadTask(c), transport);
+  client::SplitClient split(o, std::move(data), transport);
   const double metric = split.Run();
   std::printf("client %s  method %s  steps %lld  metric %.4f  up %.3f MB  down %.3f MB  average bits %.2f\n",
               o.client_id.c_str(), o.method.c_str(), static_cast<long long>(o.steps), metric,

@@ -101,8 +101,13 @@ SplitClient::SplitClient(ClientOptions options, Dataset data, Transport& transpo
   fingerprint_ = ModelFingerprint(options_.model_dir, options_.cut_layer, base_weights);
   if (!options_.csv_path.empty()) {
     const bool fresh = !std::filesystem::exists(options_.csv_path) || std::filesystem::file_size(options_.csv_path) == 0;
+    const std::filesystem::path folder = std::filesystem::path(options_.csv_path).parent_path();
+    std::error_code ec;
+    if (!folder.empty()) std::filesystem::create_directories(folder, ec);
     csv_.open(options_.csv_path, std::ios::app);
-    Require(csv_.good(), ErrorCode::kFailedPrecondition, options_.csv_path + ": cannot write the run's CSV");
+    Require(csv_.good(), ErrorCode::kFailedPrecondition,
+            options_.csv_path + ": cannot write the run's CSV" + (ec ? " (" + ec.message() + ")" : "") +
+                ": check that its folder is writable, or set csv to another path");
     if (fresh) {
       csv_ << "client,method,step,wire_up_bytes,wire_down_bytes,up_payload_bytes,up_metadata_bytes,"
               "down_payload_bytes,down_metadata_bytes,loss,average_bits,metric,seconds,applied\n";

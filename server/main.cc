@@ -51,10 +51,14 @@ int Run(const Config& c) {
   spdlog::info("configuration:\n{}", c.Dump());
   SetComputeThreads(static_cast<int>(c.Int("threads")));
   const server::ServerOptions o = server::ServerOptionsFrom(c);
-  server::SplitServer split(o);
+  // The files the configuration names are read before the server writes anything (checkpoint_dir).
   if (c.String("tokens_file").empty()) spdlog::warn("no tokens_file: every client is accepted as the id it claims");
   if (c.Bool("insecure")) spdlog::warn("insecure: true: gRPC runs in plain text (tests only)");
   server::TokenStore tokens(c.String("tokens_file"));
+  const std::shared_ptr<grpc::ServerCredentials> credentials =
+      MakeServerCredentials(TlsFiles{c.String("tls_cert"), c.String("tls_key"), c.String("tls_client_ca")}, c.Bool("insecure"));
+  const std::string metrics_token = c.String("metrics_token_file").empty() ? "" : ReadMetricsToken(c.String("metrics_token_file"));
+  server::SplitServer split(o);
   server::SplitTrainingService service(split, tokens, server::ServiceOptionsFrom(c));
 
   // gRPC listens on a private Unix socket behind a front door (a TcpRelay on `listen`) that bounds
@@ -74,10 +78,7 @@ int Run(const Config& c) {
   grpc::ServerBuilder builder;
   const server::InnerSocket inner;
   int inner_port = 0;  // gRPC sets it to 1 for a Unix socket it listens on
-  builder.AddListeningPort(inner.grpc_address(),
-                           MakeServerCredentials(TlsFiles{c.String("tls_cert"), c.String("tls_key"), c.String("tls_client_ca")},
-                                                 c.Bool("insecure")),
-                           &inner_port);
+  builder.AddListeningPort(inner.grpc_address(), credentials, &inner_port);
   server::HardenServerBuilder(builder, service);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> grpc_server = builder.BuildAndStart();
@@ -93,7 +94,7 @@ int Run(const Config& c) {
   if (!c.String("metrics_listen").empty()) {
     server::MetricsOptions m;
     m.listen = c.String("metrics_listen");
-    if (!c.String("metrics_token_file").empty()) m.token = ReadMetricsToken(c.String("metrics_token_file"));
+    m.token = metrics_token;
     m.open_pages = c.Bool("metrics_public");
     std::map<std::string, server::HttpPage> pages = server::LiveViewPages(service);
     pages["/metrics"] = {"text/plain; version=0.0.4", [&service] { return server::PrometheusText(service); }};

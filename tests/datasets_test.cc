@@ -92,27 +92,5 @@ TEST(Datasets, PretrainingText) {
   for (const auto& doc : corpus.train) EXPECT_EQ(doc.find("/nn "), std::string::npos) << "Brown tags must be stripped";
 }
 
-TEST(Datasets, JsonlUserData) {
-  const std::string dir = ::testing::TempDir() + "/jsonl";
-  std::filesystem::create_directories(dir);
-  std::ofstream(dir + "/cls.jsonl") << R"({"text": "great film", "label": "pos"})" "\n"
-                                    << R"({"text": "dull", "label": "neg"})" "\n\n"
-                                    << R"({"text": "fine", "label": "pos"})" "\n";
-  const Dataset cls = LoadJsonl(dir + "/cls.jsonl", "", "");
-  EXPECT_EQ(cls.labels, (std::vector<std::string>{"pos", "neg"}));
-  EXPECT_EQ(cls.train.size(), 3u);
-  EXPECT_EQ(cls.train[2].label, 0);
-  std::ofstream(dir + "/gen.jsonl") << R"({"prompt": "2+2=", "completion": "4"})" "\n";
-  EXPECT_FALSE(LoadJsonl(dir + "/gen.jsonl", "", "").is_classification());
-  std::ofstream(dir + "/bad.jsonl") << R"({"text": "x"})" "\n";
-  try {
-    LoadJsonl(dir + "/bad.jsonl", "", "");
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("bad.jsonl:1"), std::string::npos) << e.what();
-  }
-  EXPECT_THROW(LoadJsonl(dir + "/missing.jsonl", "", ""), Error);
-}
-
 }  // namespace
 }  // namespace amaq

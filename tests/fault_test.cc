@@ -68,7 +68,7 @@ class Crashes : public testing::Network {
         std::vector<std::string>{AMAQ_BIN_DIR "/amaq-client", "--server", "127.0.0.1:" + std::to_string(port_),
                                  "--tls_ca", *certs_ + "/ca.pem", "--tls_server_name", "localhost", "--token", token,
                                  "--client_id", id, "--model", *model_, "--seed", "7", "--lr", "0.01", "--method", method,
-                                 "--task", "jsonl", "--train_jsonl", Jsonl(), "--validation_jsonl", Jsonl(), "--steps", std::to_string(steps),
+                                 "--task", "file", "--train_file", Jsonl(), "--validation_file", Jsonl(), "--steps", std::to_string(steps),
                                  "--batch", "8", "--max_tokens", "16", "--eval_examples", "8", "--csv", Csv(id),
                                  "--checkpoint_dir", dir_ + "/" + id, "--checkpoint_every", "4", "--retry_seconds", "60",
                                  "--call_timeout_seconds", "10", "--threads", "1", "--progress=false"},

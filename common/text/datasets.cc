@@ -2,12 +2,9 @@
 
 #include <xxhash.h>
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <random>
 #include <set>
 #include <sstream>
@@ -161,53 +158,6 @@ Dataset MakeArithmetic(int digits, size_t train, size_t validation, size_t test,
     const size_t n = used.size();
     AddToSplit(&d, std::move(e), n <= train ? 0 : n <= train + validation ? 1 : 2);
   }
-  return d;
-}
-
-Dataset LoadJsonl(const std::string& train_path, const std::string& validation_path,
-                  const std::string& test_path) {
-  Dataset d;
-  d.name = fs::path(train_path).stem().string();
-  std::map<std::string, int> label_index;
-  const auto read = [&](const std::string& path, std::vector<Example>* out) {
-    if (path.empty()) return;
-    std::ifstream in = OpenData(path);
-    std::string line;
-    for (int number = 1; std::getline(in, line); ++number) {
-      if (Trim(line).empty()) continue;
-      const std::string where = path + ":" + std::to_string(number);
-      nlohmann::json j;
-      try {
-        j = nlohmann::json::parse(line);
-      } catch (const nlohmann::json::exception&) {
-        throw Error(ErrorCode::kInvalidArgument, where + ": not a JSON object: write one {...} per line");
-      }
-      Example e;
-      if (j.contains("text") && j.contains("label")) {
-        e.prompt = j["text"].get<std::string>() + "\nlabel:";
-        e.completion = j["label"].is_string() ? j["label"].get<std::string>() : j["label"].dump();
-        const auto [it, added] = label_index.emplace(e.completion, static_cast<int>(d.labels.size()));
-        if (added) d.labels.push_back(e.completion);
-        e.label = it->second;
-      } else if (j.contains("prompt") && j.contains("completion")) {
-        e.prompt = j["prompt"].get<std::string>();
-        e.completion = j["completion"].get<std::string>();
-      } else {
-        throw Error(ErrorCode::kInvalidArgument,
-                    where + ": needs {\"text\", \"label\"} or {\"prompt\", \"completion\"}");
-      }
-      out->push_back(std::move(e));
-    }
-  };
-  read(train_path, &d.train);
-  read(validation_path, &d.validation);
-  read(test_path, &d.test);
-  bool mixed = false;
-  for (const auto* split : {&d.train, &d.validation, &d.test}) {
-    for (const Example& e : *split) mixed = mixed || ((e.label >= 0) != !d.labels.empty());
-  }
-  Require(!mixed, ErrorCode::kInvalidArgument,
-          train_path + ": mixes classification and generation examples: use one kind per data set");
   return d;
 }
 

@@ -8,8 +8,7 @@
 //                    Debian python3-pattern's en-verbs.txt (extracted, not installed).
 //   Arithmetic       "<a> + <b> =" -> "<a + b>", generated from a seed (std::mt19937_64).
 //   Pretraining text State of the Union 1790-2021, Moby-Dick, the Brown corpus (tags stripped).
-//   User data        JSONL, one object a line: {"text", "label"} (prompt "<text>\nlabel:") or
-//                    {"prompt", "completion"}.
+//   User data        JSONL or CSV files: common/text/user_data.h.
 //
 // Splits are by a hash of each example's identity (the synset offset, the verb), so they are
 // stable, disjoint, and independent of file order; each split is then shuffled with a fixed seed,
@@ -41,10 +40,6 @@ struct Dataset {
 Dataset LoadWordNetTopics(const std::string& data_dir);
 Dataset LoadVerbPastTense(const std::string& data_dir);
 Dataset MakeArithmetic(int digits, size_t train, size_t validation, size_t test, uint64_t seed);
-// Classification when the objects have "text" and "label", generation with "prompt" and
-// "completion". The validation and test files are optional ("" to skip).
-Dataset LoadJsonl(const std::string& train_path, const std::string& validation_path,
-                  const std::string& test_path);
 
 struct TextCorpus {
   std::vector<std::string> train, validation;  // documents; about 2% held out by hash

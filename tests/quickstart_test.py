@@ -1,0 +1,103 @@
+#!/usr/bin/python3
+"""quickstart_test.py: the README's "Running it yourself" works verbatim.
+
+Runs scripts/quickstart into a new folder, then the server and client commands it prints, exactly
+as printed, from an empty working directory: the client finishes its steps over TLS with its token,
+writes its CSV and adapter inside the folder, the server stops cleanly on SIGTERM with its
+checkpoint inside the folder, and nothing is written anywhere else (the working directory stays
+empty). Then the mistakes a first user makes: a folder that is not empty is refused, and a server
+whose tokens file is missing stops before it writes its checkpoint folder.
+"""
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+QUICKSTART = os.path.join(ROOT, "scripts", "quickstart")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def read(path):
+    with open(path) as f:
+        return f.read()
+
+
+def listening(port):
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+class Quickstart(unittest.TestCase):
+    def setUp(self):
+        self.work = tempfile.mkdtemp(prefix="amaq-quickstart-")
+        self.dir = os.path.join(self.work, "first-run")
+        self.cwd = os.path.join(self.work, "cwd")
+        os.mkdir(self.cwd)
+        self.port = free_port()
+        out = subprocess.run([QUICKSTART, self.dir, "--port", str(self.port), "--metrics_port", str(free_port()),
+                              "--steps", "3", "--eval_examples", "8"], capture_output=True, text=True, cwd=self.cwd)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.printed = out.stdout
+        commands = [line.strip() for line in out.stdout.splitlines() if line.startswith("  ")]
+        self.assertEqual(len(commands), 2, out.stdout)
+        self.server_command, self.client_command = commands
+        self.assertIn("amaq-server --config", self.server_command)
+        self.assertIn("amaq-client --config", self.client_command)
+
+    def start_server(self, log):
+        server = subprocess.Popen(shlex.split(self.server_command), cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT)
+        self.addCleanup(lambda: server.poll() is None and server.kill())
+        return server
+
+    def test_the_printed_commands_run_as_printed(self):
+        with open(os.path.join(self.work, "server.log"), "w+") as log:
+            server = self.start_server(log)
+            deadline = time.monotonic() + 120
+            while not listening(self.port):
+                self.assertIsNone(server.poll(), "the server stopped: " + read(log.name))
+                self.assertLess(time.monotonic(), deadline, "the server did not listen within 120 s")
+                time.sleep(0.2)
+            client = subprocess.run(shlex.split(self.client_command), cwd=self.cwd, capture_output=True, text=True,
+                                    timeout=540)
+            self.assertEqual(client.returncode, 0, client.stdout + client.stderr)
+            self.assertIn("client client-1", client.stdout)
+            self.assertIn("steps 3", client.stdout)
+            server.send_signal(signal.SIGTERM)
+            self.assertEqual(server.wait(timeout=60), 0, read(log.name))
+        with open(os.path.join(self.dir, "runs", "client-1.csv")) as csv:
+            rows = csv.read().splitlines()
+        self.assertEqual(len(rows), 1 + 3 + 1, rows)  # the header, three steps, the final evaluation
+        self.assertTrue(os.listdir(os.path.join(self.dir, "client-1", "adapter")))
+        self.assertTrue(os.listdir(os.path.join(self.dir, "server")))
+        self.assertEqual(os.listdir(self.cwd), [], "written outside the quickstart's folder")
+
+    def test_a_folder_that_is_not_empty_is_refused(self):
+        out = subprocess.run([QUICKSTART, self.dir], capture_output=True, text=True, cwd=self.cwd)
+        self.assertEqual(out.returncode, 1)
+        self.assertIn("is not empty", out.stderr)
+
+    def test_the_server_checks_its_files_before_it_writes(self):
+        os.remove(os.path.join(self.dir, "certs", "tokens"))
+        with open(os.path.join(self.work, "server.log"), "w+") as log:
+            server = self.start_server(log)
+            self.assertNotEqual(server.wait(timeout=120), 0)
+            self.assertIn("tokens file not found", read(log.name))
+        self.assertFalse(os.path.exists(os.path.join(self.dir, "server")), "the checkpoint folder was made first")
+
+
+if __name__ == "__main__":
+    unittest.main()
