@@ -57,6 +57,8 @@ void ClientOptionKeys(Keys& keys) {
               {"parse", "plain"});
   keys.Double("retry_seconds", &O::retry_seconds, "how long to keep reconnecting to a lost server", 0, 1e9);
   keys.Bool("progress", &O::progress, "progress bar on a terminal, log lines otherwise");
+  keys.Bool("resume", &O::resume, "continue the run the server and checkpoint_dir hold for this client_id although its settings differ (docs/protocol.md, Runs)");
+  keys.Bool("fresh", &O::fresh, "discard what the server and checkpoint_dir hold for this client_id and start at step 0 (each time the client starts with it)");
 }
 
 void AddTlsKeys(Config& c, const TlsFiles&) {

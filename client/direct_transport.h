@@ -16,7 +16,7 @@ class DirectTransport : public Transport {
   explicit DirectTransport(server::SplitServer& server) : server_(server) {}
   int64_t Join(const JoinInfo& info) override {
     client_id_ = info.client_id;
-    return server_.Join(info.client_id, info.fingerprint, info.cut_layer, info.method);
+    return server_.Join(info.client_id, info.fingerprint, info.cut_layer, info.method, info.run, info.start);
   }
   StepResult Step(const StepInput& input) override { return server_.Step(client_id_, input); }
   NamedFloats SyncAdapters(const NamedFloats& adapter) override {

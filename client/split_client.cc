@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "client/adapter_export.h"
+#include "client/run_identity.h"
 #include "common/base/atomic_file.h"
 #include "common/model/archive_check.h"
 #include "common/model/checkpoint.h"
@@ -99,6 +100,10 @@ SplitClient::SplitClient(ClientOptions options, Dataset data, Transport& transpo
   if (!options_.checkpoint_dir.empty()) context.history_file = options_.checkpoint_dir + "/" + options_.client_id + ".aqsgd";
   codec_ = method_->MakeClientCodec(context);
   fingerprint_ = ModelFingerprint(options_.model_dir, options_.cut_layer, base_weights);
+  Require(!(options_.resume && options_.fresh), ErrorCode::kInvalidArgument,
+          "resume and fresh are both set: resume continues the stored run, fresh discards it; set one");
+  run_ = RunIdentity(options_, fingerprint_, method_->ToString(), data_);
+  run_start_ = options_.fresh ? RunStart::kFresh : options_.resume ? RunStart::kResume : RunStart::kContinue;
   if (!options_.csv_path.empty()) {
     const bool fresh = !std::filesystem::exists(options_.csv_path) || std::filesystem::file_size(options_.csv_path) == 0;
     const std::filesystem::path folder = std::filesystem::path(options_.csv_path).parent_path();
@@ -118,7 +123,9 @@ SplitClient::SplitClient(ClientOptions options, Dataset data, Transport& transpo
 SplitClient::~SplitClient() = default;
 
 int64_t SplitClient::Join() {
-  const int64_t last = transport_.Join(JoinInfo{options_.client_id, fingerprint_, options_.cut_layer, method_->ToString()});
+  const int64_t last =
+      transport_.Join(JoinInfo{options_.client_id, fingerprint_, options_.cut_layer, method_->ToString(), run_, run_start_});
+  run_start_ = RunStart::kContinue;  // the server holds this run now: a rejoin continues it
   codec_->Reset();
   ++joins_;
   if (options_.micro_batches > 1 && !transport_.server_takes_micro_batches()) {
@@ -457,6 +464,7 @@ void SplitClient::TrySaveCheckpoint(int64_t next_step) {
 void SplitClient::SaveCheckpoint(int64_t next_step) {
   if (options_.checkpoint_dir.empty()) return;
   torch::serialize::OutputArchive archive;
+  archive.write("run", c10::IValue(run_));
   archive.write("next_step", torch::tensor(next_step));
   for (auto& [name, t] : part_->LoraParameters()) archive.write("lora." + name, t);
   if (optimizer_) {
@@ -481,6 +489,18 @@ int64_t SplitClient::LoadCheckpoint() {
   } catch (const c10::Error& e) {
     throw Error(ErrorCode::kDataLoss, path + ": client checkpoint is unreadable (" + e.what_without_backtrace() +
                                           "): move it away to start fresh");
+  }
+  c10::IValue stored;
+  const std::string run = archive.try_read("run", stored) ? stored.toStringRef() : "";  // absent before runs
+  if (options_.fresh) {
+    spdlog::info("client {}: fresh: {} is not restored, and the next checkpoint replaces it", options_.client_id, path);
+    return 0;
+  }
+  if (!run.empty() && run != run_ && !options_.resume) {
+    throw Error(ErrorCode::kFailedPrecondition,
+                path + " holds another run of client " + options_.client_id + " (it differs in " + RunDifference(run, run_) +
+                    "): set resume: true (--resume true) to continue that run with these settings, fresh: true "
+                    "(--fresh true) to discard it and start at step 0, or use another checkpoint_dir or client_id");
   }
   RequireFiniteArchive(archive, path);
   torch::NoGradGuard no_grad;

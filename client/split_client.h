@@ -78,6 +78,11 @@ struct ClientOptions {
   std::string special_tokens = "parse";  // parse | plain: special tokens in the data's text (common/text/tokenizer.h)
   int64_t sync_every = 0;        // collaborative mode: average client adapters every N steps (0: off)
   double retry_seconds = 120;    // give up on a broken link after this long
+  // When the server or checkpoint_dir holds another run of this client_id (client/run_identity.h):
+  // resume continues it with these settings, fresh discards it and starts at step 0 (every time
+  // the client starts with it set); neither: refused.
+  bool resume = false;
+  bool fresh = false;
   bool progress = true;
 };
 
@@ -183,6 +188,8 @@ class SplitClient {
   std::unique_ptr<torch::optim::AdamW> optimizer_;
   std::unique_ptr<quant::ClientCodec> codec_;  // the method's half at this end of the cut
   std::string fingerprint_;
+  std::string run_;          // RunIdentity
+  RunStart run_start_;       // the first Join's (options' resume or fresh); kContinue after it
   std::vector<StepRecord> records_;
   std::ofstream csv_;
   CutStatistics* cut_statistics_ = nullptr;

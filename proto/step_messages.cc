@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "common/base/error.h"
+
 namespace amaq {
 namespace {
 
@@ -24,7 +26,15 @@ v1::JoinRequest JoinRequestOf(const JoinInfo& info) {
   r.set_model_fingerprint(info.fingerprint);
   r.set_cut_layer(static_cast<int32_t>(info.cut_layer));
   r.set_method(info.method);
+  r.set_run(info.run);
+  r.set_start(static_cast<v1::JoinRequest::RunStart>(info.start));
   return r;
+}
+
+JoinInfo JoinInfoOf(const v1::JoinRequest& r) {
+  Require(r.start() >= v1::JoinRequest::CONTINUE && r.start() <= v1::JoinRequest::FRESH, ErrorCode::kInvalidArgument,
+          "unknown run start " + std::to_string(r.start()) + ": CONTINUE, RESUME or FRESH (docs/protocol.md)");
+  return JoinInfo{r.client_id(), r.model_fingerprint(), r.cut_layer(), r.method(), r.run(), static_cast<RunStart>(r.start())};
 }
 
 std::vector<v1::StepRequest> StepRequests(const StepInput& input, size_t max_chunk_bytes) {

@@ -19,6 +19,8 @@
 namespace amaq {
 
 v1::JoinRequest JoinRequestOf(const JoinInfo& info);
+// Throws amaq::Error (kInvalidArgument) for a RunStart this build does not know.
+JoinInfo JoinInfoOf(const v1::JoinRequest& request);
 std::vector<v1::StepRequest> StepRequests(const StepInput& input, size_t max_chunk_bytes);
 std::vector<v1::StepReply> StepReplies(const StepResult& result, size_t max_chunk_bytes);
 

@@ -332,7 +332,8 @@ grpc::ServerUnaryReactor* SplitTrainingService::Join(grpc::CallbackServerContext
                                           "': send the client id the token was issued for"));
   }
   try {
-    const int64_t last = server_.Join(request->client_id(), request->model_fingerprint(), request->cut_layer(), request->method());
+    const JoinInfo join = JoinInfoOf(*request);
+    const int64_t last = server_.Join(join.client_id, join.fingerprint, join.cut_layer, join.method, join.run, join.start);
     reply->set_last_applied_step(last);
     reply->set_server_id(options_.server_id);
     reply->set_max_chunk_bytes(options_.max_chunk_bytes);

@@ -31,6 +31,7 @@ struct SplitServer::LoraState {
 struct SplitServer::Session {
   std::string client_id;
   std::string method_text;                  // canonical; empty until the first Join
+  std::string run;                          // JoinInfo::run of the run it holds; empty: none given yet
   std::unique_ptr<quant::ServerCodec> codec;
   std::unique_ptr<LoraState> own;           // per-client LoRA (null when shared)
   int64_t last_applied = -1;
@@ -160,7 +161,7 @@ std::unique_ptr<SplitServer::LoraState> SplitServer::NewLoraState() {
 SplitServer::LoraState& SplitServer::LoraOf(Session& s) { return s.own ? *s.own : *shared_; }
 
 int64_t SplitServer::Join(const std::string& client_id, const std::string& fingerprint, int64_t cut_layer,
-                          const std::string& method) {
+                          const std::string& method, const std::string& run, RunStart start) {
   Require(!client_id.empty() && client_id.size() <= 128, ErrorCode::kInvalidArgument,
           "client_id must be 1..128 characters");
   Require(cut_layer == options_.cut_layer, ErrorCode::kFailedPrecondition,
@@ -171,17 +172,40 @@ int64_t SplitServer::Join(const std::string& client_id, const std::string& finge
               "): give both sides the same base model directory and the same base_weights");
   Require(method.size() <= 256, ErrorCode::kInvalidArgument,
           "method name of " + std::to_string(method.size()) + " characters: use a method of docs/amaq.md");
+  Require(run.size() <= 1024, ErrorCode::kInvalidArgument,
+          "a run of " + std::to_string(run.size()) + " bytes: at most 1024 (docs/protocol.md, \"Runs\")");
   const std::unique_ptr<quant::Method> parsed = quant::Method::Parse(method);
-  {
+  if (start != RunStart::kFresh) {
     std::lock_guard<std::mutex> lock(sessions_mutex_);
-    if (!sessions_.count(client_id)) return JoinLocked(client_id, *parsed);  // a session not in memory is in no step
+    if (!sessions_.count(client_id)) return JoinLocked(client_id, *parsed, run, start);  // a session not in memory is in no step
   }
   std::lock_guard<std::mutex> step(step_mutex_);
+  bool forgot = false;
+  if (start == RunStart::kFresh) {
+    std::lock_guard<std::mutex> lock(sessions_mutex_);
+    forgot = ForgetLocked(client_id);
+  }
+  if (forgot) CheckpointLocked();  // the last checkpoint still holds what was discarded
   std::lock_guard<std::mutex> lock(sessions_mutex_);
-  return JoinLocked(client_id, *parsed);
+  return JoinLocked(client_id, *parsed, run, start);
 }
 
-int64_t SplitServer::JoinLocked(const std::string& client_id, const quant::Method& method) {
+bool SplitServer::ForgetLocked(const std::string& client_id) {
+  const auto it = sessions_.find(client_id);
+  const int64_t steps = it == sessions_.end() ? 0 : it->second->stats.steps;
+  bool had = it != sessions_.end();
+  if (had) sessions_.erase(it);
+  published_.erase(client_id);
+  for (const std::string& path : {options_.checkpoint_dir.empty() ? std::string() : EvictedPath(client_id),
+                                  CodecContextFor(client_id).history_file}) {
+    std::error_code ec;
+    if (!path.empty() && std::filesystem::remove(path, ec)) had = true;
+  }
+  if (had) spdlog::info("client {}: a fresh run: its stored session ({} steps applied) is discarded", client_id, steps);
+  return had;
+}
+
+int64_t SplitServer::JoinLocked(const std::string& client_id, const quant::Method& method, const std::string& run, RunStart start) {
   const std::string canonical = method.ToString();
   auto it = sessions_.find(client_id);
   if (it == sessions_.end()) {
@@ -195,9 +219,17 @@ int64_t SplitServer::JoinLocked(const std::string& client_id, const quant::Metho
   }
   Session& s = *it->second;
   s.last_seen = Clock::now();
+  if (!run.empty() && !s.run.empty() && s.run != run && start == RunStart::kContinue) {
+    throw Error(ErrorCode::kFailedPrecondition,
+                "client " + client_id + ": the server holds another run of this client (" + std::to_string(s.stats.steps) +
+                    " steps applied; it differs in " + RunDifference(s.run, run) +
+                    "): set resume: true (--resume true) to continue that run with these settings, fresh: true "
+                    "(--fresh true) to discard it and start at step 0, or use another client_id");
+  }
   Require(s.method_text.empty() || s.method_text == canonical, ErrorCode::kInvalidArgument,
           "client " + client_id + " trained with method " + s.method_text + " and now asks for " + canonical +
-              ": keep the method, or use a new client_id");
+              ": keep the method, set fresh: true to discard the stored run, or use a new client_id");
+  if (!run.empty()) s.run = run;
   if (!s.codec) s.codec = method.MakeServerCodec(CodecContextFor(client_id));
   s.method_text = canonical;
   s.codec->Reset();  // a (re)joining client starts fresh codec streams; AQ-SGD caches survive
@@ -729,6 +761,7 @@ void SplitServer::CheckpointLocked() {
 void SplitServer::SaveSession(torch::serialize::OutputArchive& archive, Session& s) {
   const std::string key = "client." + s.client_id;
   archive.write(key + ".method", c10::IValue(s.method_text));
+  archive.write(key + ".run", c10::IValue(s.run));
   archive.write(key + ".last_applied", torch::tensor(s.last_applied));
   archive.write(key + ".applied_steps", torch::tensor(s.stats.steps));
   if (s.own) SaveLora(archive, key, s.own->values, *s.own->optimizer);
@@ -742,6 +775,8 @@ std::unique_ptr<SplitServer::Session> SplitServer::LoadSession(torch::serialize:
   c10::IValue method;
   archive.read(key + ".method", method);
   s->method_text = method.toStringRef();
+  c10::IValue run;
+  if (archive.try_read(key + ".run", run)) s->run = run.toStringRef();  // absent from checkpoints before runs
   s->codec = quant::Method::Parse(s->method_text)->MakeServerCodec(CodecContextFor(id));
   try {
     s->codec->LoadHistory();

@@ -107,10 +107,14 @@ class SplitServer {
   bool takes_micro_batches() const { return !options_.shared_lora; }
 
   // Registers (or resumes) a client; returns its last applied step (-1: none). Throws amaq::Error
-  // (kFailedPrecondition) when the fingerprint or the cut differ, (kInvalidArgument) for a bad
-  // method or a method different from the one the client trained with before.
+  // (kFailedPrecondition) when the fingerprint or the cut differ, or when `run` differs from the
+  // run the session holds and `start` is kContinue (the message names the differing words);
+  // (kInvalidArgument) for a bad method, a run over 1024 bytes, or a method different from the one
+  // the client trained with before. kFresh first discards the client's session (its LoRA, steps,
+  // AQ-SGD history, an evicted copy) and writes the checkpoint without it; an empty `run` is not
+  // checked, and a session without one takes the first run that joins.
   int64_t Join(const std::string& client_id, const std::string& fingerprint, int64_t cut_layer,
-               const std::string& method);
+               const std::string& method, const std::string& run = "", RunStart start = RunStart::kContinue);
   StepResult Step(const std::string& client_id, const StepInput& input);
   // Steps of several clients, at most one each, run as one batch: the TRAIN steps share one
   // forward and backward over the server's layers (rows padded to the longest step; each client's
@@ -167,11 +171,14 @@ class SplitServer {
   struct Session;
   using Clock = std::chrono::steady_clock;
   // The joined session of `client_id` (takes sessions_mutex_); the reference stays valid while the
-  // caller holds step_mutex_ (only EvictIdle removes sessions, under both).
+  // caller holds step_mutex_ (only EvictIdle and a fresh Join remove sessions, under both).
   Session& SessionOf(const std::string& client_id);
   // Join's work on the session (the caller holds sessions_mutex_, and step_mutex_ when the
   // session was in memory already).
-  int64_t JoinLocked(const std::string& client_id, const quant::Method& method);
+  int64_t JoinLocked(const std::string& client_id, const quant::Method& method, const std::string& run, RunStart start);
+  // A fresh Join: drops the client's session from memory and its files (the evicted copy, the
+  // AQ-SGD history); returns whether there was one. The caller holds both locks.
+  bool ForgetLocked(const std::string& client_id);
   // Makes `s`'s statistics what Stats() shows (the caller holds sessions_mutex_).
   void PublishLocked(const Session& s);
   // The stages of Step (see the top of this file).

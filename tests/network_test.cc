@@ -304,6 +304,35 @@ TEST_F(Network, UnauthenticatedClientsAreRefused) {
   EXPECT_EQ(JoinError(ClientTransport(kToken1, port_), "client-1", fp), ErrorCode::kInternal);  // accepted
 }
 
+// docs/protocol.md, "Runs", over gRPC: the run and start fields reach the server, another run is
+// refused naming what differs, FRESH starts the client over, an unknown start is refused.
+TEST_F(Network, AJoinOfAnotherRunIsRefusedUnlessItResumesOrStartsFresh) {
+  StartServer();
+  const auto join = [&](const std::string& run, int start, amaq::v1::JoinReply* reply) {
+    grpc::ClientContext context;
+    Authorize(&context, kToken1);
+    amaq::v1::JoinRequest request;
+    request.set_client_id("client-1");
+    request.set_model_fingerprint(ModelFingerprint(*model_, 2));
+    request.set_cut_layer(2);
+    request.set_method("bf16");
+    request.set_run(run);
+    request.set_start(static_cast<amaq::v1::JoinRequest::RunStart>(start));
+    return RawStub()->Join(&context, request, reply);
+  };
+  amaq::v1::JoinReply reply;
+  ASSERT_TRUE(join("task=wordnet seed=1", amaq::v1::JoinRequest::CONTINUE, &reply).ok());
+  const grpc::Status other = join("task=wordnet seed=2", amaq::v1::JoinRequest::CONTINUE, &reply);
+  EXPECT_EQ(other.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(other.error_message().find("seed 1 -> 2"), std::string::npos) << other.error_message();
+  EXPECT_TRUE(join("task=wordnet seed=2", amaq::v1::JoinRequest::RESUME, &reply).ok());
+  EXPECT_TRUE(join("task=wordnet seed=2", amaq::v1::JoinRequest::CONTINUE, &reply).ok()) << "resume adopted the run";
+  EXPECT_TRUE(join("task=verbs seed=2", amaq::v1::JoinRequest::FRESH, &reply).ok());
+  EXPECT_EQ(reply.last_applied_step(), -1);
+  EXPECT_EQ(join("task=verbs seed=2", 7, &reply).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(join(std::string(1025, 'x'), amaq::v1::JoinRequest::CONTINUE, &reply).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
 TEST_F(Network, MalformedStepEndsThatStreamOnly) {
   StartServer();
   {

@@ -888,6 +888,71 @@ TEST(SplitTraining, AqsgdCachesSurviveRestartsOfEitherSide) {
   EXPECT_EQ(restarted.Stats().at("client-0").steps, 24) << "each step applied once";
 }
 
+// A new run under a client_id the server (or checkpoint_dir) holds another run of is refused, with
+// what differs and how to go on; resume continues the stored state; fresh discards it on both
+// sides, so the fresh run trains exactly as it would against a new server.
+TEST(SplitTraining, RunsNeverMixSilently) {
+  const std::string dir = testing::TinyModelDir("runs");
+  const Dataset data = testing::ParityDataset(32);
+  server::ServerOptions so = ServerFor(dir);
+  so.checkpoint_dir = testing::TempDir("runs-server");
+  server::SplitServer server(so);
+  client::LocalTransport transport(server);
+  client::ClientOptions first = ClientFor(dir, "fp32", 3);
+  first.checkpoint_dir = testing::TempDir("runs-client");
+  client::SplitClient(first, data, transport).Run();
+  const auto refusal = [&](client::ClientOptions o) {
+    try {
+      client::SplitClient(o, data, transport).Run();
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kFailedPrecondition) << e.what();
+      return std::string(e.what());
+    }
+    return std::string("no refusal");
+  };
+
+  client::ClientOptions other = first;  // another seed, another checkpoint_dir: only the server knows the old run
+  other.seed = 8;
+  other.checkpoint_dir = testing::TempDir("runs-client-other");
+  const std::string from_server = refusal(other);
+  EXPECT_NE(from_server.find("seed 7 -> 8"), std::string::npos) << from_server;
+  EXPECT_NE(from_server.find("resume: true"), std::string::npos) << from_server;
+  EXPECT_NE(from_server.find("fresh: true"), std::string::npos) << from_server;
+  EXPECT_EQ(server.Stats().at("client-0").steps, 3) << "the refusal left the stored run as it was";
+  client::ClientOptions same_run = first;
+  same_run.checkpoint_dir = "";
+  EXPECT_EQ(refusal(same_run), "no refusal") << "the same run continues automatically";
+
+  other.checkpoint_dir = first.checkpoint_dir;  // the client's own checkpoint refuses it before any Join
+  const std::string from_checkpoint = refusal(other);
+  EXPECT_NE(from_checkpoint.find(first.checkpoint_dir), std::string::npos) << from_checkpoint;
+  EXPECT_NE(from_checkpoint.find("seed 7 -> 8"), std::string::npos) << from_checkpoint;
+
+  client::ClientOptions resumed = other;
+  resumed.resume = true;
+  resumed.steps = 4;
+  client::SplitClient(resumed, data, transport).Run();
+  EXPECT_EQ(server.Stats().at("client-0").steps, 4) << "resume continued the stored run: one more step";
+  server.Checkpoint();  // holds the resumed run's 4 steps
+
+  client::ClientOptions fresh = other;
+  fresh.fresh = true;
+  client::SplitClient fresh_client(fresh, data, transport);
+  fresh_client.Run();
+  EXPECT_EQ(server.Stats().at("client-0").steps, 3) << "fresh started at step 0";
+  server::SplitServer new_server(ServerFor(dir));
+  client::LocalTransport new_transport(new_server);
+  other.checkpoint_dir = "";
+  client::SplitClient reference(other, data, new_transport);
+  reference.Run();
+  ASSERT_EQ(fresh_client.records().size(), reference.records().size());
+  for (size_t i = 0; i < reference.records().size(); ++i) {
+    EXPECT_EQ(fresh_client.records()[i].loss, reference.records()[i].loss) << "step " << i;
+  }
+  server::SplitServer restarted(so);  // fresh wrote the checkpoint without the discarded run
+  EXPECT_EQ(restarted.Stats().count("client-0"), 0u);
+}
+
 // An evicted session's AQ-SGD cache goes to its file with it and comes back with the Join: the
 // next epoch after the eviction is all deltas.
 TEST(SplitTraining, AnEvictedAqsgdSessionKeepsItsCache) {

@@ -3,10 +3,40 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <map>
+#include <set>
+#include <sstream>
 
 #include "common/base/error.h"
 
 namespace amaq {
+
+std::string RunDifference(const std::string& stored, const std::string& asked) {
+  const auto words = [](const std::string& run) {
+    std::map<std::string, std::string> out;
+    std::istringstream in(run);
+    for (std::string word; in >> word;) {
+      const size_t eq = word.find('=');
+      out[word.substr(0, eq)] = eq == std::string::npos ? "" : word.substr(eq + 1);
+    }
+    return out;
+  };
+  const std::map<std::string, std::string> before = words(stored), after = words(asked);
+  std::set<std::string> keys;
+  for (const auto* side : {&before, &after}) {
+    for (const auto& [key, value] : *side) keys.insert(key);
+  }
+  const auto value = [](const std::map<std::string, std::string>& side, const std::string& key) {
+    const auto it = side.find(key);
+    return it == side.end() ? std::string("(none)") : Excerpt(it->second, 40);
+  };
+  std::string text;
+  for (const std::string& key : keys) {
+    const std::string was = value(before, key), now = value(after, key);
+    if (was != now) text += (text.empty() ? "" : ", ") + Excerpt(key, 40) + " " + was + " -> " + now;
+  }
+  return text.empty() ? "nothing" : text;
+}
 
 void CheckStepFields(const StepInput& in, const StepShapeLimits& limits) {
   Require(in.step_id >= 0, ErrorCode::kInvalidArgument,

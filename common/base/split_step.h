@@ -17,12 +17,24 @@ enum class StepKind { kTrain = 0, kScore = 1, kNextToken = 2 };
 // row of those sequences. kNone: every row is sent whole.
 enum class DecodeCache { kNone = 0, kStart = 1, kExtend = 2 };
 
+// What a Join does when the server holds another run of the client (docs/protocol.md, "Runs"):
+// kContinue refuses it (kFailedPrecondition) and continues only the same run; kResume continues
+// the stored state as this run; kFresh discards the client's stored state and starts at step 0.
+enum class RunStart { kContinue = 0, kResume = 1, kFresh = 2 };
+
 struct JoinInfo {
   std::string client_id;
   std::string fingerprint;
   int64_t cut_layer = 0;
   std::string method;
+  // What defines the client's run, as "key=value" words (client/run_identity.h); empty: unchecked.
+  std::string run;
+  RunStart start = RunStart::kContinue;
 };
+
+// How two runs ("key=value" words) differ, for a message: "seed 1 -> 2, task wordnet -> verbs"
+// (values shortened; a word only one has shows as "(none)").
+std::string RunDifference(const std::string& stored, const std::string& asked);
 
 struct StepInput {
   int64_t step_id = 0;
