@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <iomanip>
 #include <sstream>
 
 #include "common/base/error.h"
@@ -81,6 +82,7 @@ void Config::Set(const std::string& key, const std::string& text, const std::str
                   (e.type == Type::kDouble || v == std::floor(v)),
               ErrorCode::kInvalidArgument, where + ", got '" + text + "'");
       std::ostringstream range;
+      if (e.type == Type::kInt) range << std::fixed << std::setprecision(0);  // 1048576, not 1.04858e+06
       range << " in [" << e.min << ", " << e.max << "]";
       Require(v >= e.min && v <= e.max, ErrorCode::kInvalidArgument, where + range.str() + ", got " + text);
       e.value = text;
@@ -194,7 +196,7 @@ bool Config::Parse(int argc, const char* const* argv) {
   std::string text;
   if (!file.empty()) {
     std::ifstream in(file);
-    Require(in.good(), ErrorCode::kNotFound, file + ": config file not found (given by --config)");
+    Require(in.good(), ErrorCode::kInvalidArgument, file + ": config file not found (given by --config): check the path");
     text.assign(std::istreambuf_iterator<char>(in), {});
   }
   Load(text, file.empty() ? "config" : file, flags);

@@ -23,7 +23,8 @@ class Config {
   void AddBool(const std::string& key, bool fallback, const std::string& help);
 
   // Reads `--config FILE` (if given) and the other flags. Returns false when --help was asked
-  // for (the help has been printed). Throws amaq::Error (kInvalidArgument / kNotFound).
+  // for (the help has been printed). Throws amaq::Error (kInvalidArgument), a missing --config
+  // file included.
   bool Parse(int argc, const char* const* argv);
   // The same from a YAML text and flags, for tests.
   void Load(const std::string& yaml_text, const std::string& source, const std::vector<std::string>& flags);

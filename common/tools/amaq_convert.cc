@@ -4,31 +4,48 @@
 // and tokenizer_config.json (chat template included) from tokenizer.ggml.*.
 //
 //   amaq-convert --gguf SmolLM2-135M-Instruct.Q4_1.gguf --out models/smollm2-135m-instruct
-#include <CLI/CLI.hpp>
+//
+// Settings are keys of a --config YAML file or flags, as for the other programs (docs/configuration.md).
 #include <spdlog/spdlog.h>
 
 #include <chrono>
 
+#include "common/base/config.h"
 #include "common/base/error.h"
+#include "common/base/program.h"
 #include "common/model/gguf_model.h"
 
 using namespace amaq;
 
+namespace {
+
+Config ConvertConfig() {
+  Config c("amaq-convert");
+  c.AddString("gguf", "", "the .gguf file (required)");
+  c.AddString("out", "", "the model directory to write (required; created, its files are replaced)");
+  AddProgramKeys(c);
+  return c;
+}
+
+void CheckConvertConfig(const Config& c) {
+  Require(!c.String("gguf").empty(), ErrorCode::kInvalidArgument, "set gguf: the .gguf file to convert");
+  Require(!c.String("out").empty(), ErrorCode::kInvalidArgument, "set out: the model directory to write");
+}
+
+int Run(const Config& c) {
+  CheckConvertConfig(c);
+  const std::string gguf = c.String("gguf"), out = c.String("out");
+  const auto start = std::chrono::steady_clock::now();
+  spdlog::info("converting {} into {} ...", gguf, out);
+  ConvertGgufToHf(gguf, out);
+  spdlog::info("wrote {} (config.json, model.safetensors, tokenizer.json, tokenizer_config.json) in {:.1f} s", out,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return 0;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  CLI::App app{"amaq-convert: a LLaMA-architecture GGUF file as a Hugging Face model directory"};
-  std::string gguf, out;
-  app.add_option("--gguf", gguf, "the .gguf file")->required();
-  app.add_option("--out", out, "the model directory to write (created; its files are replaced)")->required();
-  CLI11_PARSE(app, argc, argv);
-  try {
-    const auto start = std::chrono::steady_clock::now();
-    spdlog::info("converting {} into {} ...", gguf, out);
-    ConvertGgufToHf(gguf, out);
-    spdlog::info("wrote {} (config.json, model.safetensors, tokenizer.json, tokenizer_config.json) in {:.1f} s", out,
-                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    return 0;
-  } catch (const Error& e) {
-    spdlog::error("{}", e.what());
-    return 1;
-  }
+  Config config = ConvertConfig();
+  return RunProgram(config, argc, argv, Run, CheckConvertConfig);
 }

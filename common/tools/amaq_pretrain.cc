@@ -3,9 +3,9 @@
 // (State of the Union, Moby-Dick, Brown corpus: scripts/fetch-data), then the model on next-token
 // prediction, and writes a Hugging Face model directory (config.json, model.safetensors,
 // tokenizer.model, training.json with the command and the validation perplexity).
-// Resumable: it checkpoints every --checkpoint-every steps into <out>/.pretrain/ and continues
-// from there when started again with the same --out.
-#include <CLI/CLI.hpp>
+// Resumable: it checkpoints every checkpoint_every steps into <out>/.pretrain/ and continues
+// from there when started again with the same out. Settings are keys of a --config YAML file or
+// flags, as for the other programs (docs/configuration.md).
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
@@ -19,6 +19,9 @@
 #include <thread>
 
 #include "common/base/atomic_file.h"
+#include "common/base/config.h"
+#include "common/base/option_keys.h"
+#include "common/base/program.h"
 #include "common/model/batching.h"
 #include "common/model/checkpoint.h"
 #include "common/text/datasets.h"
@@ -47,7 +50,7 @@ struct Options {
   double weight_decay = 0.1;
   int64_t checkpoint_every = 250;
   int64_t eval_windows = 64;
-  int threads = static_cast<int>(std::thread::hardware_concurrency());
+  int threads = 0;  // every core
   uint64_t seed = 1;
 };
 
@@ -229,47 +232,58 @@ int Run(const Options& o, const std::string& command) {
   return 0;
 }
 
-}  // namespace
 
-int main(int argc, char** argv) {
-  CLI::App app{"amaq-pretrain: train amaq's small LLaMA-family base model on the pretraining text"};
-  Options o;
+template <typename Keys>
+void PretrainOptionKeys(Keys& keys) {
+  using O = Options;
+  keys.String("data", &O::data, "data directory (scripts/fetch-data)");
+  keys.String("out", &O::out, "output model directory (its .pretrain/ checkpoint resumes a run)");
+  keys.Int("vocab", &O::vocab, "SentencePiece vocabulary size", 64, 1 << 20);
+  keys.Int("steps", &O::steps, "optimizer steps", 1, INT64_MAX);
+  keys.Int("batch", &O::batch, "sequences per step", 1, 1 << 20);
+  keys.Int("tokens", &O::tokens, "tokens per sequence (at most 512, the model's positions)", 2, 512);
+  keys.Double("lr", &O::lr, "peak learning rate (AdamW, cosine to 10%)", 0, 10);
+  keys.Int("warmup", &O::warmup, "warm-up steps", 0, INT64_MAX);
+  keys.Int("checkpoint_every", &O::checkpoint_every, "steps between resumable checkpoints", 1, INT64_MAX);
+  keys.Int("threads", &O::threads, "intra-op CPU threads (0: every core)", 0, 1024);
+  keys.Int("seed", &O::seed, "random seed", 0, INT64_MAX);
+}
+
+Config PretrainConfig() {
+  Config c("amaq-pretrain");
+  DeclareOptionKeys<Options>(c, [](auto& keys) { PretrainOptionKeys(keys); });
+  c.AddInt("hidden", 256, "hidden size", 8, 1 << 16);
+  c.AddInt("intermediate", 688, "MLP size", 8, 1 << 18);
+  c.AddInt("layers", 4, "transformer layers", 1, 1024);
+  c.AddInt("heads", 8, "attention heads (they divide hidden)", 1, 1024);
+  c.AddInt("kv_heads", 4, "key/value heads (they divide heads)", 1, 1024);
+  AddProgramKeys(c);
+  return c;
+}
+
+Options PretrainOptionsFrom(const Config& c) {
+  Options o = OptionsFrom<Options>(c, [](auto& keys) { PretrainOptionKeys(keys); });
   o.model.model_type = "llama";
-  o.model.hidden_size = 256;
-  o.model.intermediate_size = 688;
-  o.model.num_hidden_layers = 4;
-  o.model.num_attention_heads = 8;
-  o.model.num_key_value_heads = 4;
+  o.model.hidden_size = c.Int("hidden");
+  o.model.intermediate_size = c.Int("intermediate");
+  o.model.num_hidden_layers = c.Int("layers");
+  o.model.num_attention_heads = c.Int("heads");
+  o.model.num_key_value_heads = c.Int("kv_heads");
   o.model.max_position_embeddings = 512;
   o.model.rms_norm_eps = 1e-5;
   o.model.tie_word_embeddings = true;
-  app.add_option("--data", o.data, "data directory (scripts/fetch-data)")->capture_default_str();
-  app.add_option("--out", o.out, "output model directory")->capture_default_str();
-  app.add_option("--vocab", o.vocab, "SentencePiece vocabulary size")->capture_default_str();
-  app.add_option("--hidden", o.model.hidden_size, "hidden size")->capture_default_str();
-  app.add_option("--intermediate", o.model.intermediate_size, "MLP size")->capture_default_str();
-  app.add_option("--layers", o.model.num_hidden_layers, "transformer layers")->capture_default_str();
-  app.add_option("--heads", o.model.num_attention_heads, "attention heads")->capture_default_str();
-  app.add_option("--kv-heads", o.model.num_key_value_heads, "key/value heads")->capture_default_str();
-  app.add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
-  app.add_option("--batch", o.batch, "sequences per step")->capture_default_str();
-  app.add_option("--tokens", o.tokens, "tokens per sequence")->capture_default_str();
-  app.add_option("--lr", o.lr, "peak learning rate (AdamW, cosine to 10%)")->capture_default_str();
-  app.add_option("--warmup", o.warmup, "warm-up steps")->capture_default_str();
-  app.add_option("--checkpoint-every", o.checkpoint_every, "steps between resumable checkpoints")->capture_default_str();
-  app.add_option("--threads", o.threads, "intra-op threads")->capture_default_str();
-  app.add_option("--seed", o.seed, "random seed")->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
-  o.model.head_dim = o.model.hidden_size / std::max<int64_t>(1, o.model.num_attention_heads);
+  Require(o.model.hidden_size % o.model.num_attention_heads == 0 && o.model.num_attention_heads % o.model.num_key_value_heads == 0,
+          ErrorCode::kInvalidArgument, "heads must divide hidden, and kv_heads heads: e.g. hidden 256, heads 8, kv_heads 4");
+  o.model.head_dim = o.model.hidden_size / o.model.num_attention_heads;
+  return o;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Config config = PretrainConfig();
   std::string command = "amaq-pretrain";
   for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
-  try {
-    return Run(o, command);
-  } catch (const Error& e) {
-    spdlog::error("{}", e.what());
-    return 1;
-  } catch (const c10::Error& e) {
-    spdlog::error("internal error in LibTorch: {}", e.what_without_backtrace());
-    return 1;
-  }
+  return RunProgram(config, argc, argv, [&](const Config& c) { return Run(PretrainOptionsFrom(c), command); },
+                    [](const Config& c) { PretrainOptionsFrom(c); });
 }

@@ -1,0 +1,64 @@
+#!/usr/bin/python3
+"""programs_test.py BIN_DIR: every amaq program takes its settings one way (docs/configuration.md).
+
+For each program: its `--help` is in docs/configuration.md verbatim; an unknown key exits with
+code 2 naming the key; a missing --config file exits with code 2 naming the file; a config file's
+keys are read (a bad value in it is refused by key and file). And amaq-generate's own checks:
+no prompt, top_k without a temperature, an empty prompt on standard input: each code 2.
+"""
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = sys.argv.pop(1) if len(sys.argv) > 1 else os.path.join(ROOT, "build", "bin")
+PROGRAMS = ["amaq-server", "amaq-client", "amaq-netem", "amaq-generate", "amaq-finetune", "amaq-pretrain", "amaq-convert"]
+# A key each program has, and a value outside what it allows.
+BAD_VALUE = {"amaq-server": ("threads", "-1"), "amaq-client": ("steps", "-1"), "amaq-netem": ("log_level", "loud"),
+             "amaq-generate": ("max_new_tokens", "0"), "amaq-finetune": ("task", "chess"),
+             "amaq-pretrain": ("tokens", "4096"), "amaq-convert": ("log_level", "loud")}
+
+
+def run(program, *args, stdin=""):
+    return subprocess.run([os.path.join(BIN, program), *args], input=stdin, capture_output=True, text=True, timeout=120)
+
+
+class Programs(unittest.TestCase):
+    def test_each_program_takes_its_settings_the_same_way(self):
+        with open(os.path.join(ROOT, "docs", "configuration.md")) as f:
+            docs = f.read()
+        work = tempfile.mkdtemp(prefix="amaq-programs-")
+        for program in PROGRAMS:
+            with self.subTest(program=program):
+                shown = run(program, "--help")
+                self.assertEqual(shown.returncode, 0, shown.stderr)
+                self.assertIn(shown.stdout.rstrip("\n"), docs, f"docs/configuration.md is stale: paste `{program} --help`")
+                unknown = run(program, "--colour", "red")
+                self.assertEqual(unknown.returncode, 2, unknown.stdout + unknown.stderr)
+                self.assertIn("unknown key 'colour'", unknown.stdout + unknown.stderr)
+                missing = run(program, "--config", os.path.join(work, "absent.yaml"))
+                self.assertEqual(missing.returncode, 2)
+                self.assertIn("absent.yaml: config file not found", missing.stdout + missing.stderr)
+                key, value = BAD_VALUE[program]
+                config = os.path.join(work, program + ".yaml")
+                with open(config, "w") as f:
+                    f.write(f"{key}: {value}\n")
+                bad = run(program, "--config", config)
+                self.assertEqual(bad.returncode, 2, bad.stdout + bad.stderr)
+                self.assertIn(f"'{key}'", bad.stdout + bad.stderr)
+
+    def test_generate_refuses_what_it_would_ignore(self):
+        for args, stdin, message in [((), "", "set prompt"),
+                                     (("--prompt", "x", "--top_k", "5"), "", "set temperature > 0"),
+                                     (("--prompt", "-"), "", "read nothing from standard input"),
+                                     (("--prompt", "x", "--system", "be brief"), "", "system goes with chat")]:
+            with self.subTest(args=args):
+                out = run("amaq-generate", *args, stdin=stdin)
+                self.assertEqual(out.returncode, 2, out.stdout + out.stderr)
+                self.assertIn(message, out.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
