@@ -48,7 +48,6 @@ std::string ReadMetricsToken(const std::string& path) {
 }
 
 int Run(const Config& c) {
-  spdlog::info("configuration:\n{}", c.Dump());
   SetComputeThreads(static_cast<int>(c.Int("threads")));
   const server::ServerOptions o = server::ServerOptionsFrom(c);
   // The files the configuration names are read before the server writes anything (checkpoint_dir).

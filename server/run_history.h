@@ -19,7 +19,7 @@ class RunHistory {
   static constexpr size_t kMaxPoints = 512;
 
   struct StepPoint {
-    int64_t step = 0;
+    int64_t step = 0;          // steps done after it (its step id + 1), as evaluations count
     double seconds = 0;        // since the server started
     double loss = 0;
     double average_bits = 0;

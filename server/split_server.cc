@@ -592,8 +592,8 @@ void SplitServer::Commit(Session& s, const StepInput& in, const Received& receiv
   s.stats.last_loss = loss;
   s.stats.average_bits = received.average_bits;
   s.stats.last_step_seconds = s.applied.back().replies.back().server_seconds;
-  history_.RecordStep(s.client_id,
-                      {in.step_id, std::chrono::duration<double>(started - started_).count(), loss,
+  history_.RecordStep(s.client_id,  // numbered by steps done, as the client's evaluations are
+                      {in.step_id + 1, std::chrono::duration<double>(started - started_).count(), loss,
                        received.average_bits, s.stats.activation_bytes, s.stats.gradient_bytes},
                       received.width_shares);
   ++applied_since_checkpoint_;

@@ -40,6 +40,20 @@ TEST(Config, FlagsOverrideTheFileWhichOverridesDefaults) {
   EXPECT_NE(c.Dump().find("cut_layer: 1"), std::string::npos);
 }
 
+// Programs log Dump() at start: a token given inline stays out of the log, its file's path does not.
+TEST(Config, TheLoggedSettingsHideTokens) {
+  Config c = Make();
+  c.AddString("token", "", "bearer token");
+  c.AddString("token_file", "", "bearer token file");
+  c.AddString("admin_token", "", "another secret");
+  c.Load("token: s3cret-0123456789abcdef\ntoken_file: /etc/amaq/t\nadmin_token: t0p-s3cret\n", "test.yaml", {});
+  const std::string dump = c.Dump();
+  EXPECT_EQ(dump.find("s3cret"), std::string::npos) << dump;
+  EXPECT_NE(dump.find("token: \"(hidden)\""), std::string::npos) << dump;
+  EXPECT_NE(dump.find("token_file: \"/etc/amaq/t\""), std::string::npos) << dump;
+  EXPECT_EQ(c.String("token"), "s3cret-0123456789abcdef") << "hidden in the log only";
+}
+
 TEST(Config, BadInputNamesTheKeyAndWhatIsAllowed) {
   EXPECT_NE(ErrorOf("colour: red\n", {}).find("unknown key 'colour'"), std::string::npos);
   EXPECT_NE(ErrorOf("cut_layer: two\n", {}).find("'cut_layer' must be an integer"), std::string::npos);

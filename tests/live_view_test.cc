@@ -54,7 +54,7 @@ TEST_F(LiveView, StatusFollowsTheRun) {
   EXPECT_EQ(c["id"], "client-1");
   EXPECT_EQ(c["method"], quant::Method::Parse("fixed:4:channel")->ToString());
   EXPECT_EQ(c["steps"], 4);
-  EXPECT_EQ(c["curve"]["step"], nlohmann::json({0, 1, 2, 3}));
+  EXPECT_EQ(c["curve"]["step"], nlohmann::json({1, 2, 3, 4})) << "steps done, as the evaluations count them";
   EXPECT_EQ(c["curve"]["loss"].size(), 4u);
   const std::vector<double> up = c["curve"]["mb_up"];
   EXPECT_TRUE(std::is_sorted(up.begin(), up.end()) && up.front() > 0) << "codec MB so far grow";
@@ -96,6 +96,22 @@ TEST_F(LiveView, ThePageDrawsTheRunInABrowser) {
   EXPECT_NE(dom.str().find("data-drawn=\"1\""), std::string::npos) << dom.str().substr(0, 2000);
   EXPECT_NE(dom.str().find("<td>client-1</td>"), std::string::npos) << "the client is listed";
   EXPECT_NE(dom.str().find("<div id=\"error\"></div>"), std::string::npos) << "the token in the address was accepted";
+  // Axes a person can read: whole steps, an accuracy axis within [0, 1] (the evaluations after
+  // steps 2 and 4), a loss axis from 0 at the lowest.
+  EXPECT_NE(dom.str().find("<canvas id=\"metric\" width=\"460\" height=\"260\" data-xticks=\"2,3,4\""), std::string::npos)
+      << dom.str().substr(0, 4000);
+  const size_t yticks = dom.str().find("data-yticks=\"", dom.str().find("<canvas id=\"metric\""));
+  ASSERT_NE(yticks, std::string::npos);
+  std::istringstream metric_ticks(dom.str().substr(yticks + 13, dom.str().find('"', yticks + 13) - yticks - 13));
+  for (std::string tick; std::getline(metric_ticks, tick, ',');) {
+    EXPECT_TRUE(std::stod(tick) >= 0 && std::stod(tick) <= 1) << "accuracy tick " << tick;
+  }
+  const std::string wrong = std::string("http://127.0.0.1:") + std::to_string(http_->port()) + "/#token=not-the-token-0123456789";
+  ASSERT_EQ(std::system((chromium + "--dump-dom '" + wrong + "' >" + dir + "/wrong.html 2>>" + dir + "/chromium.log").c_str()), 0);
+  std::ifstream wrong_in(dir + "/wrong.html");
+  std::stringstream wrong_dom;
+  wrong_dom << wrong_in.rdbuf();
+  EXPECT_NE(wrong_dom.str().find("token refused"), std::string::npos) << "a wrong token is told apart from a missing one";
 
   ASSERT_EQ(std::system((chromium + "--screenshot=" + screenshot + " '" + url + "' >>" + dir + "/chromium.log 2>&1").c_str()), 0);
   // Not blank: the curves, bars and text give the picture many distinct colours.

@@ -219,7 +219,9 @@ std::string Config::Dump() const {
   std::string out;
   for (const std::string& key : order_) {
     const Entry& e = entries_.at(key);
-    out += key + ": " + (e.type == Type::kString ? "\"" + e.value + "\"" : e.value) + "\n";
+    // A secret given inline (the client's token) never reaches a log: its *_file keys are paths.
+    const bool secret = (key == "token" || (key.size() > 6 && key.compare(key.size() - 6, 6, "_token") == 0)) && !e.value.empty();
+    out += key + ": " + (secret ? "\"(hidden)\"" : e.type == Type::kString ? "\"" + e.value + "\"" : e.value) + "\n";
   }
   return out;
 }

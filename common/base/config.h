@@ -33,7 +33,8 @@ class Config {
   int64_t Int(const std::string& key) const;
   double Double(const std::string& key) const;
   bool Bool(const std::string& key) const;
-  // The effective settings as YAML (programs log it at start).
+  // The effective settings as YAML (programs log it at start); a key named token or *_token
+  // shows "(hidden)" in place of its value.
   std::string Dump() const;
   std::string Help() const;
 

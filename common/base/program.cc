@@ -30,7 +30,7 @@ int RunProgram(Config& config, int argc, char** argv, const std::function<int(co
       std::printf("%s: the configuration is valid\n", std::filesystem::path(argv[0]).filename().c_str());
       return 0;
     }
-    spdlog::debug("configuration:\n{}", config.Dump());
+    spdlog::info("configuration:\n{}", config.Dump());  // what this run used, in its log
     return run(config);
   } catch (const Error& e) {
     spdlog::error("{}", e.what());
