@@ -23,4 +23,10 @@ std::optional<Error> PermanentTlsFault(const grpc::Status& status, const std::st
 // at most `timeout_seconds`. False when it connects, times out or cannot resolve the host.
 bool RefusesConnections(const std::string& host, uint16_t port, double timeout_seconds);
 
+// Whether the TLS server at host:port asks for a client certificate (mutual TLS), by a handshake
+// of its own that offers none (server name `tls_name`, the server's certificate not checked), for
+// at most `timeout_seconds`. Under TLS 1.3 a server's refusal of a client without a certificate
+// reaches gRPC only as "Socket closed"; this says why. False when the handshake cannot tell.
+bool RequestsClientCertificate(const std::string& host, uint16_t port, const std::string& tls_name, double timeout_seconds);
+
 }  // namespace amaq::client

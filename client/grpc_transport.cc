@@ -198,6 +198,12 @@ Error GrpcTransport::JoinError(const grpc::Status& failed) {
   }
   const grpc::Status status(failed.error_code(), text);
   if (std::optional<Error> fault = PermanentTlsFault(status, options_.server, tls_name_)) return *fault;
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE && !joined_ && !options_.insecure && options_.tls.cert.empty() &&
+      RequestsClientCertificate(host_, port_, tls_name_, 3)) {
+    return Error(ErrorCode::kFailedPrecondition,
+                 "joining " + options_.server + ": the server requires a client certificate (mutual TLS): set tls_cert and "
+                 "tls_key to this client's (gRPC: " + Excerpt(status.error_message(), 160) + ")");
+  }
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE && !joined_ && RefusesConnections(host_, port_, 2)) {
     const auto now = std::chrono::steady_clock::now();
     if (!refused_since_) refused_since_ = now;

@@ -399,6 +399,10 @@ TEST_F(Network, PermanentConnectionFaultsFailFastNamingTheCause) {
   nobody.server = "127.0.0.1:1";
   nobody.refused_seconds = 0;  // before a first Join (default 20 s: a server still starting)
   expect(nobody, ErrorCode::kFailedPrecondition, "nothing listens");
+  client::GrpcOptions unknown_host = with_certificate;
+  unknown_host.server = "no-such-host.invalid:" + std::to_string(port_);
+  expect(unknown_host, ErrorCode::kFailedPrecondition, "host name");
+  expect(ClientTransport(kToken1, port_), ErrorCode::kFailedPrecondition, "tls_cert");  // mutual TLS without a certificate
   EXPECT_EQ(JoinError(with_certificate, "client-1", fp), ErrorCode::kInternal) << "the right settings join";
 }
 

@@ -330,8 +330,10 @@ TcpRelay::TcpRelay(std::string upstream_host, uint16_t upstream_port, LinkOption
   boost::system::error_code ec;
   tcp::resolver resolver(impl_->io);
   const auto endpoints = resolver.resolve(upstream_host, std::to_string(upstream_port), ec);
-  Require(!ec && !endpoints.empty(), ErrorCode::kUnavailable,
-          "cannot resolve " + upstream_host + ": " + ec.message() + ": check the server address");
+  // A name that does not exist stays so; a DNS server that did not answer may answer later.
+  Require(!ec && !endpoints.empty(), ec == boost::asio::error::host_not_found ? ErrorCode::kFailedPrecondition : ErrorCode::kUnavailable,
+          upstream_host + ":" + std::to_string(upstream_port) + ": cannot resolve the host name " + upstream_host + " (" +
+              ec.message() + "): check the server address");
   impl_->upstream = endpoints.begin()->endpoint();
   Start(link, listen);
 }
