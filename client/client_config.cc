@@ -47,7 +47,7 @@ void ClientOptionKeys(Keys& keys) {
   keys.Double("amaq_ramp_fraction", &O::amaq_ramp_fraction, "AMAQ budget: share of the steps after the warm-up spent descending to the target", 0.01, 1);
   keys.Int("aqsgd_cache_mb", &O::aqsgd_cache_mb, "memory of the AQ-SGD cache before spilling", 1, 1 << 20);
   keys.String("aqsgd_spill_dir", &O::aqsgd_spill_dir, "where the AQ-SGD cache spills (empty: the memory limit is hard)");
-  keys.String("csv", &O::csv_path, "per-step CSV of this run (empty: none)");
+  keys.String("csv", &O::csv_path, "per-step CSV of this run (empty: none): its step column counts steps done, an evaluation repeats its step's row with the metric");
   keys.String("checkpoint_dir", &O::checkpoint_dir, "directory for this client's checkpoints (empty: none)");
   keys.Int("checkpoint_every", &O::checkpoint_every, "steps between checkpoints", 1, INT64_MAX);
   keys.Int("sync_every", &O::sync_every, "collaborative mode: average the clients' adapters every N steps (0: off)", 0, INT64_MAX);

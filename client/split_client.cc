@@ -445,7 +445,8 @@ double SplitClient::average_bits() const { return records_.empty() ? 0 : records
 
 void SplitClient::WriteCsv(const StepRecord& r) {
   if (!csv_.is_open()) return;
-  csv_ << options_.client_id << ',' << method_->ToString() << ',' << r.step << ',' << r.wire_up << ',' << r.wire_down << ','
+  // The CSV counts steps done (as evaluations, progress and the live view do): step id + 1.
+  csv_ << options_.client_id << ',' << method_->ToString() << ',' << r.step + 1 << ',' << r.wire_up << ',' << r.wire_down << ','
        << r.up.payload << ',' << r.up.metadata << ',' << r.down.payload << ',' << r.down.metadata << ',' << r.loss << ','
        << r.average_bits << ',' << (r.metric ? std::to_string(*r.metric) : "") << ',' << r.seconds << ','
        << (r.applied ? 1 : 0) << '\n';
@@ -582,7 +583,7 @@ double SplitClient::Run() {
   const double metric = Evaluate();
   ReportMetric(step, metric);
   StepRecord last = records_.empty() ? StepRecord{} : records_.back();
-  last.step = step;
+  last.step = step - 1;  // the final evaluation's row is that of the last step (the CSV: steps done)
   last.metric = metric;
   last.wire_up = transport_.bytes_up();
   last.wire_down = transport_.bytes_down();

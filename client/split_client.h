@@ -87,7 +87,7 @@ struct ClientOptions {
 };
 
 struct StepRecord {
-  int64_t step = 0;
+  int64_t step = 0;               // the step id (0-based); the CSV writes it as steps done, step + 1
   float loss = 0;
   double average_bits = 0;
   quant::ByteCount up, down;      // codec bytes of this step's activation and gradient

@@ -26,7 +26,8 @@ struct CsvRow {
   double bits = 0;  // average bits of the step's activation
 };
 
-// The training rows of a client's CSV (the final evaluation row, with seconds 0, is left out).
+// The training rows of a client's CSV (the final evaluation row, with seconds 0, is left out), by
+// step id: the CSV's step column counts steps done.
 std::vector<CsvRow> TrainingRows(const std::string& path) {
   std::ifstream in(path);
   std::vector<CsvRow> rows;
@@ -37,7 +38,7 @@ std::vector<CsvRow> TrainingRows(const std::string& path) {
     std::stringstream fields(line);
     for (std::string x; std::getline(fields, x, ',');) f.push_back(x);
     if (f.size() < 14 || std::stod(f[12]) == 0) continue;
-    rows.push_back({std::stoll(f[2]), f[13] == "1", std::stod(f[10])});
+    rows.push_back({std::stoll(f[2]) - 1, f[13] == "1", std::stod(f[10])});
   }
   return rows;
 }

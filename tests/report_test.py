@@ -20,10 +20,10 @@ def write_run(run, method, client, evaluations):
         w = csv.DictWriter(f, COLUMNS)
         w.writeheader()
         per_step = 1_000_000 if method == "bf16" else 250_000
-        for step in range(4):
-            w.writerow(dict(client=client, method=method, step=step, wire_up_bytes=per_step * (step + 1),
-                            wire_down_bytes=per_step * (step + 1), up_payload_bytes=0, up_metadata_bytes=0,
-                            down_payload_bytes=0, down_metadata_bytes=0, loss=3 - step * 0.5,
+        for step in range(1, 5):  # steps done
+            w.writerow(dict(client=client, method=method, step=step, wire_up_bytes=per_step * step,
+                            wire_down_bytes=per_step * step, up_payload_bytes=0, up_metadata_bytes=0,
+                            down_payload_bytes=0, down_metadata_bytes=0, loss=3.5 - step * 0.5,
                             average_bits=16 if method == "bf16" else 4, metric="", seconds=0.1, applied=1))
         for step, metric in evaluations:
             w.writerow(dict(client=client, method=method, step=step, wire_up_bytes=per_step * 5, wire_down_bytes=per_step * 5,
