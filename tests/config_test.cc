@@ -54,6 +54,24 @@ TEST(Config, TheLoggedSettingsHideTokens) {
   EXPECT_EQ(c.String("token"), "s3cret-0123456789abcdef") << "hidden in the log only";
 }
 
+// A list key: a YAML list or one scalar in the file; repeated flags replace the file's list.
+// A bare boolean flag may be spelt with dashes, before another flag.
+TEST(Config, ListsComeFromTheFileOrRepeatedFlags) {
+  Config c = Make();
+  c.AddStrings("stop", "stop texts");
+  c.AddBool("random_init", false, "random weights");
+  c.Load("stop: [\"\\n\\n\", \"User:\"]\n", "test.yaml", {});
+  EXPECT_EQ(c.Strings("stop"), (std::vector<std::string>{"\n\n", "User:"}));
+  EXPECT_NE(c.Dump().find("stop: [\"\\n\\n\", \"User:\"]"), std::string::npos) << c.Dump();
+  c.Load("stop: end\n", "test.yaml", {"--random-init", "--stop", "a", "--stop=b"});
+  EXPECT_EQ(c.Strings("stop"), (std::vector<std::string>{"a", "b"})) << "the flags replace the file's list";
+  EXPECT_TRUE(c.Bool("random_init"));
+  Config none = Make();
+  none.AddStrings("stop", "stop texts");
+  EXPECT_TRUE(none.Strings("stop").empty());
+  EXPECT_NE(none.Help().find("--stop (strings: repeat the flag, or a YAML list, default [])"), std::string::npos) << none.Help();
+}
+
 TEST(Config, BadInputNamesTheKeyAndWhatIsAllowed) {
   EXPECT_NE(ErrorOf("colour: red\n", {}).find("unknown key 'colour'"), std::string::npos);
   EXPECT_NE(ErrorOf("cut_layer: two\n", {}).find("'cut_layer' must be an integer"), std::string::npos);

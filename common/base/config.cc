@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <set>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -17,7 +18,7 @@ namespace amaq {
 namespace {
 
 const char* TypeName(int type) {
-  static const char* names[] = {"a string", "an integer", "a number", "true or false"};
+  static const char* names[] = {"a string", "an integer", "a number", "true or false", "strings: repeat the flag, or a YAML list"};
   return names[type];
 }
 
@@ -27,28 +28,44 @@ std::string Join(const std::vector<std::string>& items) {
   return s;
 }
 
+// Items as a YAML flow sequence of double-quoted strings: ["a", "say \"hi\""].
+std::string FlowSequence(const std::vector<std::string>& items) {
+  std::string out = "[";
+  for (size_t i = 0; i < items.size(); ++i) {
+    out += i ? ", \"" : "\"";
+    for (const char c : items[i]) out += c == '"' || c == '\\' ? std::string("\\") + c : c == '\n' ? std::string("\\n") : std::string(1, c);
+    out += "\"";
+  }
+  return out + "]";
+}
+
 }  // namespace
+
+void Config::AddStrings(const std::string& key, const std::string& help) {
+  entries_[key] = Entry{Type::kStrings, "[]", {}, help, {}};
+  order_.push_back(key);
+}
 
 void Config::AddString(const std::string& key, const std::string& fallback, const std::string& help,
                        std::vector<std::string> allowed) {
-  entries_[key] = Entry{Type::kString, fallback, help, std::move(allowed)};
+  entries_[key] = Entry{Type::kString, fallback, {}, help, std::move(allowed)};
   order_.push_back(key);
 }
 
 void Config::AddInt(const std::string& key, int64_t fallback, const std::string& help, int64_t min, int64_t max) {
-  entries_[key] = Entry{Type::kInt, std::to_string(fallback), help, {}, static_cast<double>(min), static_cast<double>(max)};
+  entries_[key] = Entry{Type::kInt, std::to_string(fallback), {}, help, {}, static_cast<double>(min), static_cast<double>(max)};
   order_.push_back(key);
 }
 
 void Config::AddDouble(const std::string& key, double fallback, const std::string& help, double min, double max) {
   std::ostringstream text;
   text << fallback;
-  entries_[key] = Entry{Type::kDouble, text.str(), help, {}, min, max};
+  entries_[key] = Entry{Type::kDouble, text.str(), {}, help, {}, min, max};
   order_.push_back(key);
 }
 
 void Config::AddBool(const std::string& key, bool fallback, const std::string& help) {
-  entries_[key] = Entry{Type::kBool, fallback ? "true" : "false", help, {}};
+  entries_[key] = Entry{Type::kBool, fallback ? "true" : "false", {}, help, {}};
   order_.push_back(key);
 }
 
@@ -59,6 +76,10 @@ void Config::Set(const std::string& key, const std::string& text, const std::str
   Entry& e = it->second;
   const std::string where = source + ": '" + key + "' must be " + TypeName(static_cast<int>(e.type));
   switch (e.type) {
+    case Type::kStrings:
+      e.items.push_back(text);
+      e.value = FlowSequence(e.items);
+      return;
     case Type::kString:
       Require(e.allowed.empty() || std::find(e.allowed.begin(), e.allowed.end(), text) != e.allowed.end(),
               ErrorCode::kInvalidArgument,
@@ -146,11 +167,20 @@ void Config::Load(const std::string& yaml_text, const std::string& source, const
       Require(fresh, ErrorCode::kInvalidArgument,
               source + ": line " + std::to_string(line) + ": '" + key + "' is set twice (first on line " +
                   std::to_string(first->second) + "): keep one");
+      const auto entry = entries_.find(key);
+      if (entry != entries_.end() && entry->second.type == Type::kStrings && item.second.IsSequence()) {
+        for (const auto& value : item.second) {
+          Require(value.IsScalar(), ErrorCode::kInvalidArgument, source + ": '" + key + "' must be a list of strings");
+          Set(key, value.as<std::string>(), source);
+        }
+        continue;
+      }
       Require(item.second.IsScalar(), ErrorCode::kInvalidArgument,
               source + ": '" + key + "' must be a single value, not a list or mapping");
       Set(key, item.second.as<std::string>(), source);
     }
   }
+  std::set<std::string> listed_by_flags;
   for (size_t i = 0; i < flags.size(); ++i) {
     const std::string& flag = flags[i];
     Require(flag.rfind("--", 0) == 0 && flag.size() > 2, ErrorCode::kInvalidArgument,
@@ -160,7 +190,9 @@ void Config::Load(const std::string& yaml_text, const std::string& source, const
     if (eq != std::string::npos) {
       value = key.substr(eq + 1);
       key = key.substr(0, eq);
-    } else {
+    }
+    std::replace(key.begin(), key.end(), '-', '_');
+    if (eq == std::string::npos) {
       const auto it = entries_.find(key);
       const bool is_bool = it != entries_.end() && it->second.type == Type::kBool;
       if (is_bool && (i + 1 == flags.size() || flags[i + 1].rfind("--", 0) == 0)) {
@@ -170,7 +202,10 @@ void Config::Load(const std::string& yaml_text, const std::string& source, const
         value = flags[++i];
       }
     }
-    std::replace(key.begin(), key.end(), '-', '_');
+    const auto entry = entries_.find(key);
+    if (entry != entries_.end() && entry->second.type == Type::kStrings && listed_by_flags.insert(key).second) {
+      entry->second.items.clear();  // the flags' list replaces the file's
+    }
     Set(key, value, "command line");
   }
 }
@@ -214,6 +249,7 @@ std::string Config::String(const std::string& key) const { return Get(key, Type:
 int64_t Config::Int(const std::string& key) const { return std::stoll(Get(key, Type::kInt).value); }
 double Config::Double(const std::string& key) const { return std::stod(Get(key, Type::kDouble).value); }
 bool Config::Bool(const std::string& key) const { return Get(key, Type::kBool).value == "true"; }
+std::vector<std::string> Config::Strings(const std::string& key) const { return Get(key, Type::kStrings).items; }
 
 std::string Config::Dump() const {
   std::string out;

@@ -21,6 +21,9 @@ class Config {
   void AddInt(const std::string& key, int64_t fallback, const std::string& help, int64_t min, int64_t max);
   void AddDouble(const std::string& key, double fallback, const std::string& help, double min, double max);
   void AddBool(const std::string& key, bool fallback, const std::string& help);
+  // A list of strings: a YAML sequence (or one scalar) in the file; each `--key value` flag adds
+  // one, and the flags replace the file's list. Empty by default.
+  void AddStrings(const std::string& key, const std::string& help);
 
   // Reads `--config FILE` (if given) and the other flags. Returns false when --help was asked
   // for (the help has been printed). Throws amaq::Error (kInvalidArgument), a missing --config
@@ -33,16 +36,18 @@ class Config {
   int64_t Int(const std::string& key) const;
   double Double(const std::string& key) const;
   bool Bool(const std::string& key) const;
+  std::vector<std::string> Strings(const std::string& key) const;
   // The effective settings as YAML (programs log it at start); a key named token or *_token
   // shows "(hidden)" in place of its value.
   std::string Dump() const;
   std::string Help() const;
 
  private:
-  enum class Type { kString, kInt, kDouble, kBool };
+  enum class Type { kString, kInt, kDouble, kBool, kStrings };
   struct Entry {
     Type type;
-    std::string value;  // canonical text
+    std::string value;  // canonical text (kStrings: the items as a YAML flow sequence)
+    std::vector<std::string> items;  // kStrings
     std::string help;
     std::vector<std::string> allowed;
     double min = 0, max = 0;

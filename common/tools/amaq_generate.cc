@@ -1,7 +1,7 @@
 // amaq-generate: text from a fine-tuned model. A base model directory with a PEFT adapter (what
 // amaq-client's adapter_out writes: the client's layers and the server's), or a merged directory
 // (merged_out), continues a prompt with a KV cache: greedy by default, or sampled with
-// temperature, top-k and top-p; it stops at EOS, the stop text or max_new_tokens.
+// temperature, top-k and top-p; it stops at EOS, a stop text or max_new_tokens.
 //
 // With chat, the prompt is a user's message, put in the model's chat template (an instruct model's
 // tokenizer_config.json; ChatML, common/text/chat_template.h) with the assistant's turn opened.
@@ -40,7 +40,7 @@ Config GenerateConfig() {
   c.AddDouble("temperature", defaults.sampling.temperature, "0: greedy; > 0: sample from softmax(logits / temperature)", 0, 1e6);
   c.AddInt("top_k", defaults.sampling.top_k, "with temperature > 0: sample among the k most likely tokens (0: all)", 0, INT32_MAX);
   c.AddDouble("top_p", defaults.sampling.top_p, "with temperature > 0: sample among the most likely tokens up to this probability", 1e-9, 1);
-  c.AddString("stop", "", "stop before this text (empty: at EOS or max_new_tokens)");
+  c.AddStrings("stop", "stop before this text (repeatable; none: at EOS or max_new_tokens)");
   c.AddInt("seed", static_cast<int64_t>(defaults.seed), "seed of the sampling", 0, INT64_MAX);
   c.AddString("special_tokens", "parse", "special tokens in the prompt: parse (become their ids) or plain (stay text)",
               {"parse", "plain"});
@@ -71,7 +71,7 @@ int Run(const Config& c) {
   o.sampling.temperature = c.Double("temperature");
   o.sampling.top_k = c.Int("top_k");
   o.sampling.top_p = c.Double("top_p");
-  if (!c.String("stop").empty()) o.stop.push_back(c.String("stop"));
+  o.stop = c.Strings("stop");
   o.seed = static_cast<uint64_t>(c.Int("seed"));
   std::string prompt = c.String("prompt");
   if (prompt == "-") {
