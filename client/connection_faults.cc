@@ -24,6 +24,21 @@ bool HasAny(const std::string& text, std::initializer_list<const char*> needles)
   return std::any_of(needles.begin(), needles.end(), [&](const char* n) { return text.find(n) != std::string::npos; });
 }
 
+// Connects `socket` to host:port within `timeout_seconds`: the connect's outcome (would_block when
+// the time ran out; an error of the resolver when the host has no address).
+boost::system::error_code ConnectWithin(boost::asio::io_context& io, boost::asio::ip::tcp::socket& socket, const std::string& host,
+                                        uint16_t port, double timeout_seconds) {
+  namespace asio = boost::asio;
+  boost::system::error_code ec;
+  asio::ip::tcp::resolver resolver(io);
+  const auto endpoints = resolver.resolve(host, std::to_string(port), ec);
+  if (ec) return ec;
+  boost::system::error_code result = asio::error::would_block;
+  asio::async_connect(socket, endpoints, [&](boost::system::error_code e, const auto&) { result = e; });
+  io.run_for(std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(timeout_seconds)));
+  return result;
+}
+
 }  // namespace
 
 std::optional<Error> PermanentTlsFault(const grpc::Status& status, const std::string& server, const std::string& tls_name) {
@@ -49,25 +64,6 @@ std::optional<Error> PermanentTlsFault(const grpc::Status& status, const std::st
   }
   return std::nullopt;
 }
-
-namespace {
-
-// Connects `socket` to host:port within `timeout_seconds`: the connect's outcome (would_block when
-// the time ran out; an error of the resolver when the host has no address).
-boost::system::error_code ConnectWithin(boost::asio::io_context& io, boost::asio::ip::tcp::socket& socket, const std::string& host,
-                                        uint16_t port, double timeout_seconds) {
-  namespace asio = boost::asio;
-  boost::system::error_code ec;
-  asio::ip::tcp::resolver resolver(io);
-  const auto endpoints = resolver.resolve(host, std::to_string(port), ec);
-  if (ec) return ec;
-  boost::system::error_code result = asio::error::would_block;
-  asio::async_connect(socket, endpoints, [&](boost::system::error_code e, const auto&) { result = e; });
-  io.run_for(std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(timeout_seconds)));
-  return result;
-}
-
-}  // namespace
 
 bool RefusesConnections(const std::string& host, uint16_t port, double timeout_seconds) {
   boost::asio::io_context io;

@@ -498,10 +498,8 @@ int64_t SplitClient::LoadCheckpoint() {
     return 0;
   }
   if (!run.empty() && run != run_ && !options_.resume) {
-    throw Error(ErrorCode::kFailedPrecondition,
-                path + " holds another run of client " + options_.client_id + " (it differs in " + RunDifference(run, run_) +
-                    "): set resume: true (--resume true) to continue that run with these settings, fresh: true "
-                    "(--fresh true) to discard it and start at step 0, or use another checkpoint_dir or client_id");
+    throw Error(ErrorCode::kFailedPrecondition, path + " holds another run of client " + options_.client_id + ": " +
+                                                    RunMismatch(run, run_) + "; or use another checkpoint_dir or client_id");
   }
   RequireFiniteArchive(archive, path);
   torch::NoGradGuard no_grad;

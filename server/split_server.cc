@@ -222,9 +222,7 @@ int64_t SplitServer::JoinLocked(const std::string& client_id, const quant::Metho
   if (!run.empty() && !s.run.empty() && s.run != run && start == RunStart::kContinue) {
     throw Error(ErrorCode::kFailedPrecondition,
                 "client " + client_id + ": the server holds another run of this client (" + std::to_string(s.stats.steps) +
-                    " steps applied; it differs in " + RunDifference(s.run, run) +
-                    "): set resume: true (--resume true) to continue that run with these settings, fresh: true "
-                    "(--fresh true) to discard it and start at step 0, or use another client_id");
+                    " steps applied): " + RunMismatch(s.run, run) + "; or use another client_id");
   }
   Require(s.method_text.empty() || s.method_text == canonical, ErrorCode::kInvalidArgument,
           "client " + client_id + " trained with method " + s.method_text + " and now asks for " + canonical +

@@ -947,7 +947,8 @@ TEST(SplitTraining, RunsNeverMixSilently) {
   reference.Run();
   ASSERT_EQ(fresh_client.records().size(), reference.records().size());
   for (size_t i = 0; i < reference.records().size(); ++i) {
-    EXPECT_EQ(fresh_client.records()[i].loss, reference.records()[i].loss) << "step " << i;
+    const float want = reference.records()[i].loss;  // a kept LoRA would move it by far more
+    EXPECT_NEAR(fresh_client.records()[i].loss, want, 1e-5f * std::fabs(want) + 1e-6f) << "step " << i;
   }
   server::SplitServer restarted(so);  // fresh wrote the checkpoint without the discarded run
   EXPECT_EQ(restarted.Stats().count("client-0"), 0u);

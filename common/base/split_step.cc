@@ -11,7 +11,7 @@
 
 namespace amaq {
 
-std::string RunDifference(const std::string& stored, const std::string& asked) {
+std::string RunMismatch(const std::string& stored, const std::string& asked) {
   const auto words = [](const std::string& run) {
     std::map<std::string, std::string> out;
     std::istringstream in(run);
@@ -35,7 +35,9 @@ std::string RunDifference(const std::string& stored, const std::string& asked) {
     const std::string was = value(before, key), now = value(after, key);
     if (was != now) text += (text.empty() ? "" : ", ") + Excerpt(key, 40) + " " + was + " -> " + now;
   }
-  return text.empty() ? "nothing" : text;
+  return "it differs in " + (text.empty() ? std::string("nothing") : text) +
+         ": set resume: true (--resume true) to continue it with these settings, or fresh: true (--fresh true) to "
+         "discard it and start at step 0";
 }
 
 void CheckStepFields(const StepInput& in, const StepShapeLimits& limits) {

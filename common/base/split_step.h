@@ -32,9 +32,10 @@ struct JoinInfo {
   RunStart start = RunStart::kContinue;
 };
 
-// How two runs ("key=value" words) differ, for a message: "seed 1 -> 2, task wordnet -> verbs"
-// (values shortened; a word only one has shows as "(none)").
-std::string RunDifference(const std::string& stored, const std::string& asked);
+// Why a stored run is not continued and how to go on, for the refusal of another run: "it differs
+// in seed 1 -> 2, task wordnet -> verbs: set resume: true ... or fresh: true ..." (values
+// shortened; a word only one of the runs ("key=value" words) has shows as "(none)").
+std::string RunMismatch(const std::string& stored, const std::string& asked);
 
 struct StepInput {
   int64_t step_id = 0;
