@@ -13,7 +13,7 @@
 #include "quant/byte_io.h"
 #include "quant/checksum.h"
 #include "quant/grid.h"
-#include "quant/half.h"
+#include "common/base/half.h"
 #include "quant/isa.h"
 #include "quant/kernels_avx512.h"
 #include "quant/kernels.h"

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "common/base/error.h"
-#include "quant/half.h"
+#include "common/base/half.h"
 #include "quant/isa.h"
 #include "quant/kernels.h"
 #include "quant/kernels_avx512.h"

@@ -348,7 +348,7 @@ AMAQ_AVX512 void ExtractChunks(const uint8_t* packed, size_t size, uint64_t row_
 
 namespace {
 
-// quant/half.h's FloatToBFloat16 for finite x: (bits + 0x7fff + bit 16) >> 16.
+// common/base/half.h's FloatToBFloat16 for finite x: (bits + 0x7fff + bit 16) >> 16.
 AMAQ_AVX512 inline __m256i ToBFloat16(__m512 x) {
   const __m512i bits = _mm512_castps_si512(x);
   const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));

@@ -62,7 +62,7 @@ void ExtractChunks(const uint8_t* packed, size_t size, uint64_t row_bit, int64_t
                    const uint32_t* chunk_start, const uint16_t* offset, const uint16_t* mask,
                    uint8_t* codes);
 
-// The 16-bit float schemes (round to nearest even, as quant/half.h): writes n finite floats as
+// The 16-bit float schemes (round to nearest even, as common/base/half.h): writes n finite floats as
 // bfloat16 (`bf16`) or IEEE half into out (2n bytes, little-endian) and, when not null, their
 // values back as floats into reconstruction. Stops before the first block of 16 holding a value
 // that became infinite and returns its start (n when there is none): the caller finds it and says

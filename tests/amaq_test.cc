@@ -1,4 +1,4 @@
-#include "quant/amaq.h"
+#include "quant/amaq_quantizer.h"
 
 #include <gtest/gtest.h>
 

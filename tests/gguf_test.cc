@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "common/base/error.h"
-#include "quant/half.h"
+#include "common/base/half.h"
 #include "gguf_writer.h"
 
 namespace amaq {

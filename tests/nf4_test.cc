@@ -1,6 +1,6 @@
-// NF4 storage (quant/nf4.h): the table against QLoRA's definition, the block and double
+// NF4 storage (common/model/nf4.h): the table against QLoRA's definition, the block and double
 // quantization against a reference written here from the definition, error bounds, bad inputs.
-#include "quant/nf4.h"
+#include "common/model/nf4.h"
 
 #include <gtest/gtest.h>
 

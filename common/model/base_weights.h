@@ -2,7 +2,7 @@
 //
 //   fp32  every base tensor dense in the part's dtype (the default; what training computes in)
 //   bf16  the seven projections of every layer, the embedding and the LM head as bfloat16
-//   nf4   the projections as NF4 (quant/nf4.h, ~4.13 bits a weight), the embedding and head as bf16
+//   nf4   the projections as NF4 (common/model/nf4.h, ~4.13 bits a weight), the embedding and head as bf16
 //   int8  the projections as 8-bit codes with a scale per row (int8_weight.h), embedding and head bf16
 //
 // Norm weights and biases stay dense, LoRA A/B stay in the part's dtype and are the only

@@ -10,7 +10,7 @@
 #include <limits>
 
 #include "common/base/error.h"
-#include "quant/half.h"
+#include "common/base/half.h"
 
 namespace amaq {
 namespace {

@@ -1,4 +1,4 @@
-// Nf4Weight: a frozen linear weight W [out, in] held as NF4 (quant/nf4.h: 4-bit codes in blocks
+// Nf4Weight: a frozen linear weight W [out, in] held as NF4 (common/model/nf4.h: 4-bit codes in blocks
 // of 64 with double-quantized 8-bit scales, ~4.13 bits a weight) in tensors on the model's
 // device. Dense rebuilds W from the codes (FrozenWeight: inside each product, forward and
 // backward alike, a block of rows at a time), through a 256-entry table of code pairs so that the
@@ -8,7 +8,7 @@
 #include <torch/torch.h>
 
 #include "common/model/frozen_weight.h"
-#include "quant/nf4.h"
+#include "common/model/nf4.h"
 
 namespace amaq {
 

@@ -2,7 +2,7 @@
 
 #include <cstdio>
 
-#include "quant/amaq.h"
+#include "quant/amaq_quantizer.h"
 #include "quant/tensor_codec.h"
 
 namespace amaq::quant {

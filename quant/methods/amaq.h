@@ -1,5 +1,5 @@
 // amaq[:<bmax>-><bmin>] | amaq[:<bmax>-><bmin>]:budget=<bits>[:uniform], each optionally :grad=... (gradient_spec.h): AMAQ
-// (quant/amaq.h), learned per-channel widths on the client; the gradient goes back with the
+// (quant/amaq_quantizer.h), learned per-channel widths on the client; the gradient goes back with the
 // activation's own widths and granularity, or as grad= says.
 #pragma once
 

@@ -1,4 +1,4 @@
-#include "quant/half.h"
+#include "common/base/half.h"
 
 #include <cmath>
 #include <cstring>

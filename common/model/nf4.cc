@@ -1,4 +1,4 @@
-#include "quant/nf4.h"
+#include "common/model/nf4.h"
 
 #include <algorithm>
 #include <cmath>
