@@ -25,7 +25,7 @@
 
 #include "build_stamp.h"
 #include "client/client_config.h"
-#include "client/local_transport.h"
+#include "inproc/local_transport.h"
 #include "client/split_client.h"
 #include "common/base/atomic_file.h"
 #include "common/base/config.h"

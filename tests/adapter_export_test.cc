@@ -5,7 +5,7 @@
 #include <filesystem>
 
 #include "client/adapter_export.h"
-#include "client/local_transport.h"
+#include "inproc/local_transport.h"
 #include "client/split_client.h"
 #include "common/base/error.h"
 #include "common/model/checkpoint.h"

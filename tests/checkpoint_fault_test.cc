@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "client/local_transport.h"
+#include "inproc/local_transport.h"
 #include "common/base/error.h"
 #include "tiny_model.h"
 

@@ -14,7 +14,7 @@
 
 #include "amaq/v1/split_training.grpc.pb.h"
 #include "client/grpc_transport.h"
-#include "client/local_transport.h"
+#include "inproc/local_transport.h"
 #include "client/split_client.h"
 #include "common/model/checkpoint.h"
 #include "common/net/tls.h"

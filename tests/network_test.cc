@@ -12,7 +12,7 @@
 
 #include "client/client_config.h"
 #include "client/grpc_transport.h"
-#include "client/local_transport.h"
+#include "inproc/local_transport.h"
 #include "client/split_client.h"
 #include "common/model/checkpoint.h"
 #include "common/base/error.h"

@@ -11,7 +11,7 @@
 
 #include <torch/torch.h>
 
-#include "client/local_transport.h"
+#include "inproc/local_transport.h"
 #include "client/split_client.h"
 #include "common/base/error.h"
 #include "common/model/finetune.h"

@@ -31,7 +31,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "client/direct_transport.h"
+#include "inproc/direct_transport.h"
 #include "client/split_client.h"
 #include "common/base/error.h"
 #include "common/model/checkpoint.h"

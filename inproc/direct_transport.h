@@ -1,6 +1,6 @@
 // DirectTransport: a client's Transport that calls a SplitServer in the same process and measures
 // nothing. It needs no protobuf, so it builds where only LibTorch is installed (amaq-gpu-check on
-// a GPU host); LocalTransport (client/local_transport.h) wraps it with the protocol's byte counts.
+// a GPU host); LocalTransport (inproc/local_transport.h) wraps it with the protocol's byte counts.
 // `server` must outlive the transport.
 #pragma once
 

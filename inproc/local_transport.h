@@ -10,7 +10,7 @@
 #include <utility>
 
 #include "amaq/v1/split_training.pb.h"
-#include "client/direct_transport.h"
+#include "inproc/direct_transport.h"
 #include "proto/step_messages.h"
 #include "server/split_server.h"
 
