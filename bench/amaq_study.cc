@@ -128,7 +128,7 @@ int Run(const Config& c) {
   const Dataset data = StudyData(c);
   const int64_t eval_examples = std::min<int64_t>(o.eval_examples, static_cast<int64_t>(data.validation.size()));
   server::SplitServer server(s);
-  client::LocalTransport transport(server);
+  inproc::LocalTransport transport(server);
   client::SplitClient client(o, data, transport);
   client::CutStatistics cut;
   if (!c.String("channels").empty()) client.ObserveCut(&cut);

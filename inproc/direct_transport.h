@@ -9,9 +9,9 @@
 #include "client/transport.h"
 #include "server/split_server.h"
 
-namespace amaq::client {
+namespace amaq::inproc {
 
-class DirectTransport : public Transport {
+class DirectTransport : public client::Transport {
  public:
   explicit DirectTransport(server::SplitServer& server) : server_(server) {}
   int64_t Join(const JoinInfo& info) override {
@@ -39,4 +39,4 @@ class DirectTransport : public Transport {
   int averaged_clients_ = 0;
 };
 
-}  // namespace amaq::client
+}  // namespace amaq::inproc

@@ -14,9 +14,9 @@
 #include "proto/step_messages.h"
 #include "server/split_server.h"
 
-namespace amaq::client {
+namespace amaq::inproc {
 
-class LocalTransport : public Transport {
+class LocalTransport : public client::Transport {
  public:
   // `max_chunk_bytes` and `server_id` as the gRPC service would announce them (its defaults).
   // `server` must outlive the transport.
@@ -74,4 +74,4 @@ class LocalTransport : public Transport {
   uint64_t up_ = 0, down_ = 0;
 };
 
-}  // namespace amaq::client
+}  // namespace amaq::inproc

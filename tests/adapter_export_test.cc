@@ -60,7 +60,7 @@ TEST_P(WholeAdapter, TheExportedAdapterComputesWhatTheSplitModelComputes) {
   server::ServerOptions so = testing::TinyServerOptions(*dir_);
   so.cut_layer = cut;
   server::SplitServer server(so);
-  client::LocalTransport transport(server);
+  inproc::LocalTransport transport(server);
   client::ClientOptions co = testing::TinyClientOptions(*dir_, "client-0", "fp32", 6);
   co.cut_layer = cut;
   co.adapter_out = testing::TempDir("adapter-" + std::to_string(cut));

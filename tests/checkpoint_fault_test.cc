@@ -45,7 +45,7 @@ TEST(CheckpointFaults, ServerKeepsServingAndKeepsItsLastCheckpointWhenTheDiskIsF
   std::string saved;
   {
     server::SplitServer server(o);
-    client::LocalTransport transport(server);
+    inproc::LocalTransport transport(server);
     client::SplitClient c(testing::TinyClientOptions(model, "c", "bf16", 3), testing::ParityDataset(32), transport);
     int64_t step = c.Join();
     for (; step < 3; ++step) c.TrainStep(step);
@@ -72,7 +72,7 @@ TEST(CheckpointFaults, ServerKeepsServingAndKeepsItsLastCheckpointWhenTheDiskIsF
 TEST(CheckpointFaults, ClientStopsWithAClearErrorAndKeepsItsLastCheckpointWhenTheDiskIsFull) {
   const std::string model = testing::TinyModelDir("disk-full-client");
   server::SplitServer server(testing::TinyServerOptions(model));
-  client::LocalTransport transport(server);
+  inproc::LocalTransport transport(server);
   client::ClientOptions o = testing::TinyClientOptions(model, "c", "bf16", 4);
   o.checkpoint_dir = testing::TempDir("disk-full-client-checkpoints");
   o.checkpoint_every = 2;
@@ -106,7 +106,7 @@ TEST(CheckpointFaults, UnwritableCheckpointFolderIsRefusedAtStart) {
     EXPECT_NE(std::string(e.what()).find("checkpoint_dir"), std::string::npos) << e.what();
   }
   server::SplitServer server(testing::TinyServerOptions(model));
-  client::LocalTransport transport(server);
+  inproc::LocalTransport transport(server);
   client::ClientOptions c = testing::TinyClientOptions(model, "c", "bf16", 2);
   c.checkpoint_dir = "/proc/amaq-checkpoints";
   client::SplitClient client(c, testing::ParityDataset(32), transport);

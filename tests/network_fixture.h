@@ -103,7 +103,7 @@ class Network : public ::testing::Test {
   // applied twice, on either side.
   std::vector<float> LossesWithoutNetwork(const client::ClientOptions& options, const Dataset& data) const {
     server::SplitServer server(testing::TinyServerOptions(*model_));
-    client::LocalTransport transport(server);
+    inproc::LocalTransport transport(server);
     client::SplitClient c(options, data, transport);
     std::vector<float> losses;
     for (int64_t step = c.Join(); step < options.steps; ++step) losses.push_back(c.TrainStep(step).loss);

@@ -171,7 +171,7 @@ TEST_F(Network, ExactMatchOverGrpcDecodesWithTheServersCache) {
   remote.Evaluate();
 
   server::SplitServer server(testing::TinyServerOptions(*model_));
-  RecordingSteps<client::LocalTransport> local_transport(server);
+  RecordingSteps<inproc::LocalTransport> local_transport(server);
   local_transport.on_step = [&](const StepInput& in, const StepResult& r) { record(in, r, &in_process, &cached_local); };
   client::SplitClient local(o, data, local_transport);
   for (int64_t step = local.Join(); step < 2; ++step) local.TrainStep(step);
@@ -196,7 +196,7 @@ TEST_F(Network, InProcessRunCountsTheMessageBytesOfTheNetworkRun) {
   StopServer();
 
   server::SplitServer in_process(testing::TinyServerOptions(*model_));
-  client::LocalTransport local(in_process, 4096);  // the fixture's service chunks at 4096 bytes
+  inproc::LocalTransport local(in_process, 4096);  // the fixture's service chunks at 4096 bytes
   const auto counted = run(local);
   EXPECT_EQ(counted.first, over_grpc.first) << "message bytes up";
   EXPECT_EQ(counted.second, over_grpc.second) << "message bytes down";

@@ -37,7 +37,7 @@ std::vector<double> Nf4SplitLosses(const std::string& dir, const Dataset& data, 
   server::ServerOptions server_options = ServerFor(dir);
   server_options.base_weights = "nf4";
   server::SplitServer server(server_options);
-  client::LocalTransport transport(server);
+  inproc::LocalTransport transport(server);
   client::ClientOptions o = ClientFor(dir, "fp32", steps);
   o.base_weights = "nf4";
   adjust(o);
@@ -58,7 +58,7 @@ TEST(SplitTraining, Fp32SplitFollowsLocalTrainingExactly) {
   const FinetuneResult reference = FinetuneLocal(data, testing::TinyLocalOptions(dir, 25));
 
   server::SplitServer server(ServerFor(dir));
-  client::LocalTransport transport(server);
+  inproc::LocalTransport transport(server);
   client::ClientOptions o = ClientFor(dir, "fp32", 25);
   o.micro_batches = 1;  // the local run's whole steps, rounding included (parts: MicroBatchesGiveTheUpdateOfTheWholeStep)
   client::SplitClient client(o, data, transport);
@@ -102,7 +102,7 @@ TEST(SplitTraining, MicroBatchesGiveTheUpdateOfTheWholeStep) {
   };
   const auto run = [&](int64_t parts) {
     server::SplitServer server(ServerFor(dir));
-    client::LocalTransport transport(server);
+    inproc::LocalTransport transport(server);
     client::ClientOptions o = ClientFor(dir, "fp32", 4);
     o.batch = 7;
     o.micro_batches = parts;
@@ -149,7 +149,7 @@ TEST(SplitTraining, AOneStepStaleStepForwardsOnTheWeightsFromBeforeTheStepAhead)
   };
   const auto run = [&](double lr, bool stale) {
     server::SplitServer server(ServerFor(dir));
-    client::LocalTransport transport(server);
+    inproc::LocalTransport transport(server);
     client::ClientOptions o = ClientFor(dir, "fixed:8:channel", 6);
     o.micro_batches = 2;
     o.lr = lr;
@@ -181,14 +181,14 @@ TEST(SplitTraining, AOneStepStaleStepForwardsOnTheWeightsFromBeforeTheStepAhead)
 
 // What a client sent: each step's first part's activation, and the client's LoRA at that moment
 // (`client`, when set); SyncAdapters answers `preset`.
-struct CapturingTransport : client::LocalTransport {
-  using client::LocalTransport::LocalTransport;
+struct CapturingTransport : inproc::LocalTransport {
+  using inproc::LocalTransport::LocalTransport;
   void Send(const StepInput& in) override {
     if (in.kind == StepKind::kTrain && in.micro_batch == 0 && !activations.count(in.step_id)) {
       activations[in.step_id] = in.activation;
       if (client) weights[in.step_id] = client->Adapter();
     }
-    client::LocalTransport::Send(in);
+    inproc::LocalTransport::Send(in);
   }
   NamedFloats SyncAdapters(const NamedFloats&) override { return preset; }
   client::SplitClient* client = nullptr;
@@ -336,7 +336,7 @@ TEST(SplitTraining, NonFiniteCheckpointsAreRefusedByFileAndTensor) {
   so.checkpoint_dir = testing::TempDir("nan-server-ckpt");
   {
     server::SplitServer server(so);
-    client::LocalTransport transport(server);
+    inproc::LocalTransport transport(server);
     client::SplitClient(o, data, transport).Run();
     server.Checkpoint();
   }
@@ -364,7 +364,7 @@ TEST(SplitTraining, NonFiniteCheckpointsAreRefusedByFileAndTensor) {
     std::filesystem::copy_file(saved, server_file, std::filesystem::copy_options::overwrite_existing);
   }
   server::SplitServer server(so);
-  client::LocalTransport transport(server);
+  inproc::LocalTransport transport(server);
   const std::string client_file = o.checkpoint_dir + "/client-0.pt";
   const std::string lora_key = FirstFloatTensorKey(client_file, "lora.");
   ASSERT_FALSE(lora_key.empty());
@@ -378,7 +378,7 @@ TEST(SplitTraining, NonFiniteCheckpointsAreRefusedByFileAndTensor) {
 TEST(SplitTraining, OneStepStaleWithRecomputedLayersIsRefused) {
   const std::string dir = testing::TinyModelDir("one-step-stale");
   server::SplitServer server(ServerFor(dir));
-  client::LocalTransport transport(server);
+  inproc::LocalTransport transport(server);
   client::ClientOptions o = ClientFor(dir, "fp32", 2);
   o.one_step_stale = true;
   o.recompute_layers = true;
@@ -434,7 +434,7 @@ TEST(SplitTraining, Bf16ComputeClientFollowsTheFp32Client) {
 TEST(SplitTraining, AmaqBitsFallAndTheTaskTrains) {
   const std::string dir = testing::TinyModelDir("amaq-split");
   server::SplitServer server(ServerFor(dir));
-  client::LocalTransport transport(server);
+  inproc::LocalTransport transport(server);
   client::ClientOptions o = ClientFor(dir, "amaq:8->3", 60);
   o.amaq_gate_lr = 0.2;
   o.amaq_beta = 1.0;
@@ -458,7 +458,7 @@ TEST(SplitTraining, AmaqBudgetIsMetOverTheLastQuarter) {
   const std::string dir = testing::TinyModelDir("amaq-budget");
   for (const char* method : {"amaq:budget=3", "amaq:budget=4.5"}) {
     server::SplitServer server(ServerFor(dir));
-    client::LocalTransport transport(server);
+    inproc::LocalTransport transport(server);
     client::SplitClient client(ClientFor(dir, method, 40), testing::ParityDataset(48), transport);
     client.Run();
     const auto& r = client.records();
@@ -504,7 +504,7 @@ TEST(SplitTraining, EveryMethodRunsAndCountsItsBytes) {
       {"bf16", 16}, {"fixed:4:channel", 4}, {"fixed:3:group:16", 3}, {"aqsgd:4", 16}, {"amaq:budget=4", 8}};
   for (const auto& [method, first_bits] : methods) {
     server::SplitServer server(ServerFor(dir));
-    client::LocalTransport transport(server);
+    inproc::LocalTransport transport(server);
     client::SplitClient client(ClientFor(dir, method, 12), testing::ParityDataset(16), transport);
     quant::ByteCount up, down;
     for (int64_t step = client.Join(); step < 12; ++step) {
@@ -548,7 +548,7 @@ TEST(SplitTraining, AMethodAddedByATestTrainsThroughTheSystem) {
   });
   const std::string dir = testing::TinyModelDir("toy-method");
   server::SplitServer server(ServerFor(dir));
-  client::LocalTransport transport(server);
+  inproc::LocalTransport transport(server);
   client::SplitClient client(ClientFor(dir, "test-fp16", 6), testing::ParityDataset(16), transport);
   client.Run();
   EXPECT_EQ(server.Stats().at("client-0").steps, 6);
@@ -564,7 +564,7 @@ TEST(SplitTraining, TheClientWaitsOutTheServersRateLimit) {
   server::ServerOptions o = ServerFor(dir);
   o.max_steps_per_second = 4;
   server::SplitServer server(o);
-  client::LocalTransport transport(server);
+  inproc::LocalTransport transport(server);
   client::SplitClient client(ClientFor(dir, "bf16", 4), testing::ParityDataset(16), transport);
   client.Run();
   EXPECT_EQ(server.Stats().at("client-0").steps, 4);
@@ -589,7 +589,7 @@ TEST(SplitTraining, AmaqStaysWithinAMarginOfBf16) {
     server::ServerOptions so = ServerFor(dir);
     so.seed = seed;
     server::SplitServer server(so);
-    client::LocalTransport transport(server);
+    inproc::LocalTransport transport(server);
     client::ClientOptions o = ClientFor(dir, method, 60);
     o.seed = seed;
     o.amaq_gate_lr = 0.2;
@@ -627,15 +627,15 @@ Dataset PastTenseDataset() {
 
 // A transport that records the next tokens of every NEXT_TOKEN reply, and can say it decodes
 // without a cache (an older server) or lose the server's cache once (a restart mid-decoding).
-struct DecodingTransport : client::LocalTransport {
-  DecodingTransport(server::SplitServer& server, bool cache) : client::LocalTransport(server), cache_(cache), server_(server) {}
+struct DecodingTransport : inproc::LocalTransport {
+  DecodingTransport(server::SplitServer& server, bool cache) : inproc::LocalTransport(server), cache_(cache), server_(server) {}
   bool server_decodes_with_cache() const override { return cache_; }
   StepResult Step(const StepInput& input) override {
     if (input.cache == DecodeCache::kExtend && lose_cache_once) {
       lose_cache_once = false;
       server_.Join(joined_.client_id, joined_.fingerprint, joined_.cut_layer, joined_.method);  // drops the cache
     }
-    StepResult r = client::LocalTransport::Step(input);
+    StepResult r = inproc::LocalTransport::Step(input);
     if (input.kind == StepKind::kNextToken) {
       tokens.insert(tokens.end(), r.next_tokens.begin(), r.next_tokens.end());
       ++(input.cache == DecodeCache::kStart ? starts : input.cache == DecodeCache::kExtend ? extends : whole);
@@ -644,7 +644,7 @@ struct DecodingTransport : client::LocalTransport {
   }
   int64_t Join(const JoinInfo& info) override {
     joined_ = info;
-    return client::LocalTransport::Join(info);
+    return inproc::LocalTransport::Join(info);
   }
   std::vector<int64_t> tokens;
   int starts = 0, extends = 0, whole = 0;
@@ -736,7 +736,7 @@ TEST(SplitTraining, CollaborativeModeAveragesClientAdapters) {
   const std::string dir = testing::TinyModelDir("collab");
   server::SplitServer server(ServerFor(dir));
   const std::string fp = ModelFingerprint(dir, 2);
-  client::LocalTransport transport(server);
+  inproc::LocalTransport transport(server);
   client::SplitClient a(testing::TinyClientOptions(dir, "a", "bf16", 4), testing::ParityDataset(16), transport);
   a.Join();
   server.Join("b", fp, 2, "bf16");
@@ -755,11 +755,11 @@ TEST(SplitTraining, CollaborativeModeAveragesClientAdapters) {
 
   // Two clients through the whole path: after both synced, the second holds the mean of what both
   // uploaded (the first synced alone: it got its own back).
-  struct Recording : client::LocalTransport {
-    using client::LocalTransport::LocalTransport;
+  struct Recording : inproc::LocalTransport {
+    using inproc::LocalTransport::LocalTransport;
     NamedFloats SyncAdapters(const NamedFloats& adapter) override {
       uploads.push_back(adapter);
-      return client::LocalTransport::SyncAdapters(adapter);
+      return inproc::LocalTransport::SyncAdapters(adapter);
     }
     std::vector<NamedFloats> uploads;
   };
@@ -798,7 +798,7 @@ TEST(SplitTraining, AdapterUploadsSurviveAServerRestart) {
   NamedFloats threes, fives;
   {
     server::SplitServer server(options);
-    client::LocalTransport transport(server);
+    inproc::LocalTransport transport(server);
     client::SplitClient a(testing::TinyClientOptions(dir, "a", "bf16", 4), testing::ParityDataset(16), transport);
     a.Join();
     server.Join("b", fp, 2, "bf16");
@@ -823,11 +823,11 @@ TEST(SplitTraining, AdapterUploadsSurviveAServerRestart) {
 
 // A transport whose server goes away for good at one training step (the client process dies
 // there: what it has not checkpointed is lost).
-struct DyingTransport : client::LocalTransport {
-  DyingTransport(server::SplitServer& server, int64_t dies_at) : client::LocalTransport(server), dies_at(dies_at) {}
+struct DyingTransport : inproc::LocalTransport {
+  DyingTransport(server::SplitServer& server, int64_t dies_at) : inproc::LocalTransport(server), dies_at(dies_at) {}
   StepResult Step(const StepInput& input) override {
     if (input.kind == StepKind::kTrain && input.step_id == dies_at) throw Error(ErrorCode::kInternal, "the client died");
-    return client::LocalTransport::Step(input);
+    return inproc::LocalTransport::Step(input);
   }
   int64_t dies_at;
 };
@@ -858,7 +858,7 @@ TEST(SplitTraining, AqsgdCachesSurviveRestartsOfEitherSide) {
   co.checkpoint_every = 4;
   {
     server::SplitServer server(so);  // checkpoints after step 9; steps 10 and 11 are lost with it
-    client::LocalTransport transport(server);
+    inproc::LocalTransport transport(server);
     client::SplitClient client(co, data, transport);
     client.Run();
     const std::map<int64_t, double> bits = BitsByStep(client, 12);
@@ -876,7 +876,7 @@ TEST(SplitTraining, AqsgdCachesSurviveRestartsOfEitherSide) {
     EXPECT_EQ(bits.at(11), 16);
     for (int64_t step = 12; step < 19; ++step) EXPECT_EQ(bits.at(step), 4) << "step " << step;
   }
-  client::LocalTransport transport(restarted);
+  inproc::LocalTransport transport(restarted);
   client::SplitClient client(co, data, transport);
   client.Run();
   const std::map<int64_t, double> bits = BitsByStep(client, 24);
@@ -897,7 +897,7 @@ TEST(SplitTraining, RunsNeverMixSilently) {
   server::ServerOptions so = ServerFor(dir);
   so.checkpoint_dir = testing::TempDir("runs-server");
   server::SplitServer server(so);
-  client::LocalTransport transport(server);
+  inproc::LocalTransport transport(server);
   client::ClientOptions first = ClientFor(dir, "fp32", 3);
   first.checkpoint_dir = testing::TempDir("runs-client");
   client::SplitClient(first, data, transport).Run();
@@ -941,7 +941,7 @@ TEST(SplitTraining, RunsNeverMixSilently) {
   fresh_client.Run();
   EXPECT_EQ(server.Stats().at("client-0").steps, 3) << "fresh started at step 0";
   server::SplitServer new_server(ServerFor(dir));
-  client::LocalTransport new_transport(new_server);
+  inproc::LocalTransport new_transport(new_server);
   other.checkpoint_dir = "";
   client::SplitClient reference(other, data, new_transport);
   reference.Run();
@@ -965,7 +965,7 @@ TEST(SplitTraining, AnEvictedAqsgdSessionKeepsItsCache) {
   client::ClientOptions co = ClientFor(dir, "aqsgd:4", 4);
   co.checkpoint_dir = testing::TempDir("aqsgd-evict-client");
   server::SplitServer server(so);
-  client::LocalTransport transport(server);
+  inproc::LocalTransport transport(server);
   client::SplitClient(co, data, transport).Run();
   ASSERT_EQ(server.EvictIdle({}), 1);
   co.steps = 8;
@@ -978,10 +978,10 @@ TEST(SplitTraining, AnEvictedAqsgdSessionKeepsItsCache) {
 // A server (or a peer through it) that returns a non-finite average: the client refuses all of it
 // and keeps its own weights (the poisoned tensor is the last one, so a partial copy would show).
 TEST(SplitTraining, NonFiniteAdapterAverageIsRefusedByTheClient) {
-  struct PoisonedAverage : client::LocalTransport {
-    using client::LocalTransport::LocalTransport;
+  struct PoisonedAverage : inproc::LocalTransport {
+    using inproc::LocalTransport::LocalTransport;
     NamedFloats SyncAdapters(const NamedFloats& adapter) override {
-      NamedFloats average = client::LocalTransport::SyncAdapters(adapter);
+      NamedFloats average = inproc::LocalTransport::SyncAdapters(adapter);
       average.rbegin()->second.values[0] = std::nanf("");
       return average;
     }

@@ -95,7 +95,7 @@ int RunSplit(const SplitCheck& c) {
   co.progress = false;
   co.adapter_out = c.adapter_out;
   co.merged_out = c.merged_out;
-  client::DirectTransport transport(server);
+  inproc::DirectTransport transport(server);
   client::SplitClient client(co, data, transport);
   client.Run();
 
