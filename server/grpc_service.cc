@@ -272,6 +272,13 @@ std::string SplitTrainingService::TokenOf(const grpc::CallbackServerContext* con
   return header.rfind("Bearer ", 0) == 0 ? header.substr(7) : "";
 }
 
+std::optional<SplitTrainingService::Caller> SplitTrainingService::CallerOfToken(const std::string& token) {
+  if (!tokens_.enabled()) return std::nullopt;
+  const std::optional<TokenStore::Owner> owner = tokens_.OwnerOf(token);
+  if (!owner) return std::nullopt;
+  return Caller{owner->client, owner->admin};
+}
+
 bool SplitTrainingService::StillAuthorized(const std::string& token, const std::string& client) {
   if (!tokens_.enabled()) return true;
   const auto owner = tokens_.OwnerOf(token);

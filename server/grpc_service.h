@@ -93,6 +93,9 @@ class SplitTrainingService final : public amaq::v1::SplitTraining::CallbackServi
   // Whom a call acts as, or an UNAUTHENTICATED status; PERMISSION_DENIED when a mutual-TLS client
   // certificate is not issued to that client (its common name or a SAN must be the client id).
   grpc::Status Authenticate(const grpc::CallbackServerContext* context, Caller* caller);
+  // Whom a bearer token belongs to (tokens_file), for the live view; nullopt when the server has no
+  // tokens or the token is not (or no longer) valid.
+  std::optional<Caller> CallerOfToken(const std::string& token);
   // Whether `token` still belongs to `client` (tokens are re-read when their file changes).
   bool StillAuthorized(const std::string& token, const std::string& client);
   static std::string TokenOf(const grpc::CallbackServerContext* context);

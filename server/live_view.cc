@@ -43,13 +43,14 @@ nlohmann::json MetricsJson(const std::vector<RunHistory::MetricPoint>& metrics) 
 
 }  // namespace
 
-std::string LiveStatusJson(const SplitTrainingService& service, double uptime_seconds) {
+std::string LiveStatusJson(const SplitTrainingService& service, double uptime_seconds, const Viewer& viewer) {
   const SplitServer& server = service.server();
   const auto stats = server.Stats();
   const auto traffic = service.traffic();
   const auto history = server.history().Snapshot();
   nlohmann::json clients = nlohmann::json::array();
   for (const auto& [id, s] : stats) {
+    if (viewer.client && *viewer.client != id) continue;
     const auto t = traffic.find(id);
     const auto h = history.find(id);
     const RunHistory::Client empty;
@@ -80,12 +81,22 @@ std::string LiveStatusJson(const SplitTrainingService& service, double uptime_se
 std::map<std::string, HttpPage> LiveViewPages(const SplitTrainingService& service) {
   const auto started = std::chrono::steady_clock::now();
   return {
-      {"/", {"text/html; charset=utf-8", [] { return LiveViewHtml(); }, /*needs_token=*/false}},
+      {"/", {"text/html; charset=utf-8", [](const Viewer&) { return LiveViewHtml(); }, /*needs_token=*/false}},
       {"/api/status",
        {"application/json",
-        [&service, started] {
-          return LiveStatusJson(service, std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
-        }}},
+        [&service, started](const Viewer& viewer) {
+          const double uptime = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+          return LiveStatusJson(service, uptime, viewer);
+        },
+        /*needs_token=*/true, /*for_clients=*/true}},
+  };
+}
+
+std::function<std::optional<Viewer>(const std::string& token)> LiveViewers(SplitTrainingService& service) {
+  return [&service](const std::string& token) -> std::optional<Viewer> {
+    const std::optional<SplitTrainingService::Caller> caller = service.CallerOfToken(token);
+    if (!caller) return std::nullopt;
+    return caller->admin ? Viewer{} : Viewer{caller->client};
   };
 }
 

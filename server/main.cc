@@ -95,8 +95,9 @@ int Run(const Config& c) {
     m.listen = c.String("metrics_listen");
     m.token = metrics_token;
     m.open_pages = c.Bool("metrics_public");
+    m.viewer_of = server::LiveViewers(service);
     std::map<std::string, server::HttpPage> pages = server::LiveViewPages(service);
-    pages["/metrics"] = {"text/plain; version=0.0.4", [&service] { return server::PrometheusText(service); }};
+    pages["/metrics"] = {"text/plain; version=0.0.4", [&service](const server::Viewer&) { return server::PrometheusText(service); }};
     metrics = std::make_unique<server::MetricsHttp>(m, std::move(pages), [&draining] { return !draining; });
     spdlog::info("metrics on http://{0}/metrics, live view on http://{0}/{1} (port {2})", m.listen,
                  m.token.empty() ? "" : "#token=<metrics token>", metrics->port());

@@ -79,8 +79,15 @@ struct MetricsHttp::Impl {
       const std::string target(request.target());
       const auto page = impl_.pages.find(target.substr(0, target.find('?')));
       const bool has_token = !impl_.options.token.empty();
-      const bool authorized =
-          has_token ? request[http::field::authorization] == "Bearer " + impl_.options.token : impl_.options.open_pages;
+      const std::string header(request[http::field::authorization]);
+      const std::string bearer = header.rfind("Bearer ", 0) == 0 ? header.substr(7) : "";
+      std::optional<Viewer> viewer;
+      if (has_token ? bearer == impl_.options.token : impl_.options.open_pages) {
+        viewer = Viewer{};  // every client's data
+      } else if (page != impl_.pages.end() && page->second.for_clients && impl_.options.viewer_of && !bearer.empty()) {
+        viewer = impl_.options.viewer_of(bearer);  // one client's, or nobody's
+      }
+      const bool authorized = viewer.has_value();
       if (get && request.target() == "/healthz") {
         response_.result(http::status::ok);
         response_.body() = "ok\n";
@@ -92,7 +99,7 @@ struct MetricsHttp::Impl {
         response_.result(http::status::ok);
         response_.set(http::field::content_type, page->second.content_type);
         response_.set(http::field::cache_control, "no-store");
-        response_.body() = page->second.render();
+        response_.body() = page->second.render(viewer.value_or(Viewer{}));
       } else if (!authorized && !has_token) {
         response_.result(http::status::forbidden);
         response_.body() = "amaq-server: its pages need a metrics token: set metrics_token_file (or metrics_public: true "
@@ -100,7 +107,10 @@ struct MetricsHttp::Impl {
       } else if (!authorized) {
         response_.result(http::status::unauthorized);
         response_.set(http::field::www_authenticate, "Bearer");
-        response_.body() = "amaq-server: this page needs \"Authorization: Bearer <metrics token>\"\n";
+        response_.body() = page != impl_.pages.end() && page->second.for_clients
+                               ? "amaq-server: this page needs \"Authorization: Bearer <token>\": the metrics token, or a "
+                                 "client's token for that client's own run\n"
+                               : "amaq-server: this page needs \"Authorization: Bearer <metrics token>\"\n";
       } else {
         response_.result(http::status::not_found);
         response_.body() = "amaq-server serves GET " + impl_.PageList() + " /healthz and /readyz\n";

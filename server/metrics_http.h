@@ -12,21 +12,32 @@
 // newcomer, so slow peers cannot keep the probes out. Requests are bounded in size. The pages list
 // client ids and training progress: with a `token` only "Authorization: Bearer <token>" gets them
 // (401 otherwise); without one they are refused (403) unless `open_pages` says to serve them to
-// anyone who reaches the port.
+// anyone who reaches the port. Either way they are rendered for every client. A page marked
+// `for_clients` also answers a client's own bearer token (`viewer_of`: the server's tokens file),
+// rendered for that client alone: a tenant sees its own run and nobody else's.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace amaq::server {
+
+// Whom a page is rendered for: every client (`client` empty: the metrics token, an operator) or one.
+struct Viewer {
+  std::optional<std::string> client;
+};
 
 struct MetricsOptions {
   std::string listen;              // "address:port", or a bare port for 127.0.0.1:port
   std::string token;               // the bearer token the pages need; empty: see open_pages
   bool open_pages = false;         // no token: true serves the pages to anyone, false refuses them
+  // A bearer token other than `token` -> whom it lets see `for_clients` pages (nullopt: nobody).
+  // Called on the endpoint's thread; empty: only `token` opens pages.
+  std::function<std::optional<Viewer>(const std::string& token)> viewer_of;
   double timeout_seconds = 5;      // to receive the request and send the answer
   int max_connections = 32;
   int max_connections_per_address = 4;
@@ -35,8 +46,9 @@ struct MetricsOptions {
 // A page served on GET at its path (the query string is ignored).
 struct HttpPage {
   std::string content_type;
-  std::function<std::string()> render;  // called on the endpoint's thread for every request
-  bool needs_token = true;              // false: answered to anyone, so it must reveal nothing
+  std::function<std::string(const Viewer&)> render;  // called on the endpoint's thread for every request
+  bool needs_token = true;   // false: answered to anyone, so it must reveal nothing
+  bool for_clients = false;  // true: a client's own token (MetricsOptions::viewer_of) gets it too
 };
 
 class MetricsHttp {

@@ -304,6 +304,11 @@ namespace asio = boost::asio;
 using asio::ip::tcp;
 using testing::GetMetrics;
 
+// One page, /metrics, that says the server is up.
+std::map<std::string, server::HttpPage> UpPage() {
+  return {{"/metrics", {"text/plain", [](const server::Viewer&) { return std::string("amaq_up 1\n"); }}}};
+}
+
 // Item 8: a connection that sends half a request neither blocks the others nor stays open past
 // the timeout; with a token, only its bearer is answered; a bare port binds to loopback.
 TEST(MetricsEndpoint, SlowClientsDoNotBlockItAndATokenGuardsIt) {
@@ -311,7 +316,7 @@ TEST(MetricsEndpoint, SlowClientsDoNotBlockItAndATokenGuardsIt) {
   o.listen = "0";  // a bare port: 127.0.0.1, any free port
   o.token = "metrics-token-0123456789";
   o.timeout_seconds = 1;
-  server::MetricsHttp metrics(o, {{"/metrics", {"text/plain", [] { return std::string("amaq_up 1\n"); }}}});
+  server::MetricsHttp metrics(o, UpPage());
   asio::io_context io;
   tcp::socket slow(io);
   slow.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), metrics.port()));
@@ -334,7 +339,7 @@ TEST(MetricsEndpoint, HealthAndReadinessAnswerWithoutTheToken) {
   o.listen = "0";
   o.token = "metrics-token-0123456789";
   std::atomic<bool> ready{true};
-  server::MetricsHttp metrics(o, {{"/metrics", {"text/plain", [] { return std::string("amaq_up 1\n"); }}}},
+  server::MetricsHttp metrics(o, UpPage(),
                               [&ready] { return ready.load(); });
   std::string body;
   EXPECT_EQ(GetMetrics(metrics.port(), "", &body, "/healthz"), 200);
@@ -372,7 +377,7 @@ TEST(MetricsEndpoint, SlowConnectionsFromOneOrManyAddressesLeaveTheProbesAnswere
   server::MetricsOptions o;
   o.listen = "0";
   o.token = "metrics-token-0123456789";
-  server::MetricsHttp metrics(o, {{"/metrics", {"text/plain", [] { return std::string("amaq_up 1\n"); }}}});
+  server::MetricsHttp metrics(o, UpPage());
   asio::io_context io;
   const auto probe_all_answered = [&] {  // a probe without a slot is closed at once: status 0
     for (int i = 0; i < 20; ++i) {
@@ -403,8 +408,7 @@ TEST(MetricsEndpoint, SlowConnectionsFromOneOrManyAddressesLeaveTheProbesAnswere
 TEST(MetricsEndpoint, WithoutATokenThePagesAreRefusedUnlessOpened) {
   server::MetricsOptions o;
   o.listen = "0";
-  const std::map<std::string, server::HttpPage> pages = {
-      {"/metrics", {"text/plain", [] { return std::string("amaq_up 1\n"); }}}};
+  const std::map<std::string, server::HttpPage> pages = UpPage();
   {
     server::MetricsHttp metrics(o, pages);
     std::string body;
@@ -650,7 +654,7 @@ TEST_F(Network, OthersAreAnsweredWhileAStepComputes) {
   server::MetricsOptions m;
   m.listen = "0";
   m.token = "metrics-token-0123456789";
-  server::MetricsHttp http(m, {{"/metrics", server::HttpPage{"text/plain", [&] { return server::PrometheusText(*service_); }}}});
+  server::MetricsHttp http(m, {{"/metrics", server::HttpPage{"text/plain", [&](const server::Viewer&) { return server::PrometheusText(*service_); }}}});
   auto stub = RawStub();
   ASSERT_TRUE(RawJoin(*stub, kToken2, "client-2", "fp32").ok());
   const int64_t batch = 16, tokens = 512, hidden = split_->config().hidden_size;

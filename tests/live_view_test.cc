@@ -13,6 +13,7 @@
 #include "network_fixture.h"
 #include "server/live_view.h"
 #include "server/metrics_http.h"
+#include "server/prometheus_text.h"
 
 namespace amaq {
 namespace {
@@ -24,18 +25,39 @@ constexpr char kMetricsToken[] = "live-view-token-0123456789";
 
 class LiveView : public Network {
  protected:
-  // A server, its live view behind kMetricsToken, and client-1's run of 4 steps evaluated after 2.
-  void RunClient() {
+  // A server and its live view behind kMetricsToken (and the clients' own tokens, as amaq-server
+  // serves it).
+  void StartView() {
     StartServer();
     server::MetricsOptions m;
     m.listen = "0";
     m.token = kMetricsToken;
-    http_ = std::make_unique<server::MetricsHttp>(m, server::LiveViewPages(*service_));
-    client::GrpcTransport transport(ClientTransport(testing::kToken1, port_));
-    client::ClientOptions o = ClientFor("client-1", "fixed:4:channel", 4);
+    m.viewer_of = server::LiveViewers(*service_);
+    std::map<std::string, server::HttpPage> pages = server::LiveViewPages(*service_);
+    pages["/metrics"] = {"text/plain", [this](const server::Viewer&) { return server::PrometheusText(*service_); }};
+    http_ = std::make_unique<server::MetricsHttp>(m, std::move(pages));
+  }
+  // `id`'s run of 4 steps evaluated after 2.
+  void Train(const std::string& id, const std::string& token) {
+    client::GrpcTransport transport(ClientTransport(token, port_));
+    client::ClientOptions o = ClientFor(id, "fixed:4:channel", 4);
     o.eval_every = 2;
     client::SplitClient c(o, testing::ParityDataset(16), transport);
     c.Run();
+  }
+  void RunClient() {
+    StartView();
+    Train("client-1", testing::kToken1);
+  }
+  // The client ids /api/status lists to `token`, or the HTTP status when it is not 200.
+  std::string ClientsShownTo(const std::string& token) {
+    std::string body;
+    const int code = GetMetrics(http_->port(), token, &body, "/api/status");
+    if (code != 200) return "HTTP " + std::to_string(code);
+    const nlohmann::json status = nlohmann::json::parse(body);
+    std::string ids;
+    for (const auto& c : status["clients"]) ids += (ids.empty() ? "" : ",") + c["id"].get<std::string>();
+    return ids;
   }
   void TearDown() override {
     http_.reset();
@@ -68,6 +90,22 @@ TEST_F(LiveView, StatusFollowsTheRun) {
   EXPECT_NE(body.find("<canvas id=\"loss\""), std::string::npos);
   EXPECT_EQ(body.find("http://"), std::string::npos) << "no outside assets";
   EXPECT_EQ(body.find("https://"), std::string::npos) << "no outside assets";
+}
+
+// A tenant watches its own run: a client's token gets its own row of /api/status and no other
+// client's, an operator's token and the metrics token every row; /metrics stays the metrics
+// token's alone.
+TEST_F(LiveView, TenantsSeeTheirOwnRunOnly) {
+  StartView();
+  Train("client-1", testing::kToken1);
+  Train("client-2", testing::kToken2);
+  EXPECT_EQ(ClientsShownTo(testing::kToken1), "client-1");
+  EXPECT_EQ(ClientsShownTo(testing::kToken2), "client-2");
+  EXPECT_EQ(ClientsShownTo(testing::kAdminToken), "client-1,client-2");
+  EXPECT_EQ(ClientsShownTo(kMetricsToken), "client-1,client-2");
+  EXPECT_EQ(ClientsShownTo("not-a-token-0123456789"), "HTTP 401");
+  std::string body;
+  EXPECT_EQ(GetMetrics(http_->port(), testing::kToken1, &body, "/metrics"), 401) << "Prometheus text lists every client";
 }
 
 // What a person sees: headless Chromium opens the page with the token in its address, the
