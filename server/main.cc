@@ -96,10 +96,17 @@ int Run(const Config& c) {
     m.token = metrics_token;
     m.open_pages = c.Bool("metrics_public");
     m.viewer_of = server::LiveViewers(service);
+    if (c.Bool("metrics_tls")) {
+      Require(!c.String("tls_cert").empty() && !c.String("tls_key").empty(), ErrorCode::kInvalidArgument,
+              "metrics_tls serves HTTPS with the server's certificate: set tls_cert and tls_key (or metrics_tls: false)");
+      m.tls_cert = c.String("tls_cert");
+      m.tls_key = c.String("tls_key");
+    }
     std::map<std::string, server::HttpPage> pages = server::LiveViewPages(service);
     pages["/metrics"] = {"text/plain; version=0.0.4", [&service](const server::Viewer&) { return server::PrometheusText(service); }};
     metrics = std::make_unique<server::MetricsHttp>(m, std::move(pages), [&draining] { return !draining; });
-    spdlog::info("metrics on http://{0}/metrics, live view on http://{0}/{1} (port {2})", m.listen,
+    const char* scheme = m.tls_cert.empty() ? "http" : "https";
+    spdlog::info("metrics on {0}://{1}/metrics, live view on {0}://{1}/{2} (port {3})", scheme, m.listen,
                  m.token.empty() ? "" : "#token=<metrics token>", metrics->port());
   }
   spdlog::info("amaq-server listening on port {} ({})", port, c.Bool("insecure") ? "plain text" : "TLS");

@@ -3,13 +3,18 @@
 #include <spdlog/spdlog.h>
 
 #include <boost/asio.hpp>
+#include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <list>
+#include <optional>
 #include <thread>
+#include <variant>
 
 #include "common/base/error.h"
 #include "common/net/host_port.h"
@@ -30,6 +35,7 @@ struct MetricsHttp::Impl {
   // `io`, whose handlers own the sessions.
   std::list<std::weak_ptr<Session>> sessions;
   std::map<asio::ip::address, int> per_address;
+  std::optional<asio::ssl::context> tls;  // set: every connection speaks HTTPS
   asio::io_context io;
   tcp::acceptor acceptor{io};
   asio::steady_timer accept_retry{io};
@@ -45,11 +51,12 @@ struct MetricsHttp::Impl {
     return std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(options.timeout_seconds));
   }
 
-  // One connection: read one bounded request, answer it, close. Lives in its handlers.
+  // One connection: (with TLS, a handshake,) read one bounded request, answer it, close. Lives in
+  // its handlers.
   class Session : public std::enable_shared_from_this<Session> {
    public:
     Session(tcp::socket socket, asio::ip::address peer, Impl& impl)
-        : stream_(std::move(socket)), peer_(std::move(peer)), impl_(impl) {
+        : stream_(Stream(std::move(socket), impl)), peer_(std::move(peer)), impl_(impl) {
       ++impl_.per_address[peer_];
     }
     ~Session() {
@@ -58,17 +65,38 @@ struct MetricsHttp::Impl {
     bool answering() const { return answering_; }
     void Close() {
       beast::error_code ignored;
-      stream_.socket().close(ignored);  // its pending read ends with an error and frees it
+      tcp_stream().socket().close(ignored);  // its pending read ends with an error and frees it
     }
 
     void Start() {
       parser_.header_limit(8192);
-      stream_.expires_after(impl_.timeout());  // covers the request and the answer: a slow peer is dropped
-      http::async_read(stream_, buffer_, parser_,
-                       [self = shared_from_this()](beast::error_code ec, size_t) { self->Answer(ec); });
+      tcp_stream().expires_after(impl_.timeout());  // covers the handshake, request and answer: a slow peer is dropped
+      if (auto* tls = std::get_if<TlsStream>(&stream_)) {
+        tls->async_handshake(asio::ssl::stream_base::server, [self = shared_from_this()](beast::error_code ec) {
+          if (!ec) self->Read();  // a failed handshake (plain text, a bad client) drops the connection
+        });
+      } else {
+        Read();
+      }
     }
 
    private:
+    using TlsStream = beast::ssl_stream<beast::tcp_stream>;
+    static std::variant<beast::tcp_stream, TlsStream> Stream(tcp::socket socket, Impl& impl) {
+      if (impl.tls) return std::variant<beast::tcp_stream, TlsStream>(std::in_place_type<TlsStream>, std::move(socket), *impl.tls);
+      return std::variant<beast::tcp_stream, TlsStream>(std::in_place_type<beast::tcp_stream>, std::move(socket));
+    }
+    beast::tcp_stream& tcp_stream() {
+      return std::visit([](auto& s) -> beast::tcp_stream& { return beast::get_lowest_layer(s); }, stream_);
+    }
+    void Read() {
+      std::visit(
+          [this](auto& s) {
+            http::async_read(s, buffer_, parser_, [self = shared_from_this()](beast::error_code ec, size_t) { self->Answer(ec); });
+          },
+          stream_);
+    }
+
     void Answer(beast::error_code ec) {
       if (ec) return;  // timed out, closed or malformed: drop the connection
       answering_ = true;
@@ -116,13 +144,21 @@ struct MetricsHttp::Impl {
         response_.body() = "amaq-server serves GET " + impl_.PageList() + " /healthz and /readyz\n";
       }
       response_.prepare_payload();
-      http::async_write(stream_, response_, [self = shared_from_this()](beast::error_code, size_t) {
-        beast::error_code ignored;
-        self->stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
-      });
+      std::visit(
+          [this](auto& s) {
+            http::async_write(s, response_, [self = shared_from_this()](beast::error_code, size_t) {
+              if (auto* tls = std::get_if<TlsStream>(&self->stream_)) {
+                tls->async_shutdown([self](beast::error_code) {});  // close_notify; the timeout bounds it
+              } else {
+                beast::error_code ignored;
+                self->tcp_stream().socket().shutdown(tcp::socket::shutdown_send, ignored);
+              }
+            });
+          },
+          stream_);
     }
 
-    beast::tcp_stream stream_;
+    std::variant<beast::tcp_stream, TlsStream> stream_;
     const asio::ip::address peer_;
     Impl& impl_;
     bool answering_ = false;  // the request has arrived
@@ -179,6 +215,23 @@ MetricsHttp::MetricsHttp(MetricsOptions options, std::map<std::string, HttpPage>
   impl_->options = std::move(options);
   impl_->pages = std::move(pages);
   impl_->ready = std::move(ready);
+  const MetricsOptions& o = impl_->options;
+  Require(o.tls_cert.empty() == o.tls_key.empty(), ErrorCode::kInvalidArgument,
+          "HTTPS on the metrics port needs both a certificate and its key (tls_cert, tls_key)");
+  if (!o.tls_cert.empty()) {
+    for (const std::string& file : {o.tls_cert, o.tls_key}) {
+      Require(std::filesystem::is_regular_file(file), ErrorCode::kNotFound, "cannot serve HTTPS metrics: no file " + file);
+    }
+    impl_->tls.emplace(asio::ssl::context::tls_server);
+    impl_->tls->set_options(asio::ssl::context::no_sslv2 | asio::ssl::context::no_sslv3 | asio::ssl::context::no_tlsv1 |
+                            asio::ssl::context::no_tlsv1_1);
+    boost::system::error_code tls_ec;
+    impl_->tls->use_certificate_chain_file(o.tls_cert, tls_ec);
+    if (!tls_ec) impl_->tls->use_private_key_file(o.tls_key, asio::ssl::context::pem, tls_ec);
+    Require(!tls_ec, ErrorCode::kInvalidArgument,
+            "cannot serve HTTPS metrics with " + o.tls_cert + " and " + o.tls_key + " (" + tls_ec.message() +
+                "): give a PEM certificate chain and its private key");
+  }
   boost::system::error_code ec;
   const tcp::endpoint endpoint(asio::ip::make_address(host == "localhost" ? "127.0.0.1" : host, ec), port);
   Require(!ec, ErrorCode::kInvalidArgument, "metrics_listen must be an IP address and port, got '" + listen + "'");
@@ -198,6 +251,7 @@ MetricsHttp::MetricsHttp(MetricsOptions options, std::map<std::string, HttpPage>
                  "metrics_token_file is set (or metrics_public: true)",
                  listen);
   }
+  if (impl_->tls) spdlog::info("metrics on {} speak HTTPS with {}", listen, o.tls_cert);
   impl_->Accept();
   impl_->thread = std::thread([this] { impl_->io.run(); });
 }

@@ -9,7 +9,8 @@
 // the one thread), each must send its request and take the answer within `timeout_seconds`, at most
 // `max_connections` are open at once and `max_connections_per_address` from one address (more are
 // closed at once); when all are taken, the oldest one still sending its request is closed for the
-// newcomer, so slow peers cannot keep the probes out. Requests are bounded in size. The pages list
+// newcomer, so slow peers cannot keep the probes out. Requests are bounded in size. With a
+// certificate it speaks HTTPS only (a plain-text request is dropped at the handshake). The pages list
 // client ids and training progress: with a `token` only "Authorization: Bearer <token>" gets them
 // (401 otherwise); without one they are refused (403) unless `open_pages` says to serve them to
 // anyone who reaches the port. Either way they are rendered for every client. A page marked
@@ -38,7 +39,10 @@ struct MetricsOptions {
   // A bearer token other than `token` -> whom it lets see `for_clients` pages (nullopt: nobody).
   // Called on the endpoint's thread; empty: only `token` opens pages.
   std::function<std::optional<Viewer>(const std::string& token)> viewer_of;
-  double timeout_seconds = 5;      // to receive the request and send the answer
+  // HTTPS with this PEM certificate chain and key (the server's own, tls_cert / tls_key); empty:
+  // plain HTTP.
+  std::string tls_cert, tls_key;
+  double timeout_seconds = 5;      // to receive the request (after the TLS handshake) and send the answer
   int max_connections = 32;
   int max_connections_per_address = 4;
 };
@@ -54,7 +58,8 @@ struct HttpPage {
 class MetricsHttp {
  public:
   // `pages` by path ("/metrics"); `ready` answers /readyz, called on the endpoint's thread. Throws
-  // amaq::Error (kUnavailable) when it cannot listen, (kInvalidArgument) for a malformed address.
+  // amaq::Error (kUnavailable) when it cannot listen, (kInvalidArgument) for a malformed address
+  // or a certificate and key that do not load, (kNotFound) for a missing certificate or key.
   // The destructor closes every connection.
   MetricsHttp(MetricsOptions options, std::map<std::string, HttpPage> pages,
               std::function<bool()> ready = [] { return true; });

@@ -103,6 +103,8 @@ Config ServerConfig() {
   c.AddString("metrics_listen", "",
               "address:port of the HTTP endpoint: Prometheus /metrics and the live view / (empty: off); a bare port means 127.0.0.1:port");
   c.AddString("metrics_token_file", "", "file holding the bearer token /metrics, the live view's data and /api/status require");
+  c.AddBool("metrics_tls", false,
+            "serve metrics_listen over HTTPS with the server's tls_cert and tls_key, so that tokens and pages do not cross the network in the clear");
   c.AddBool("metrics_public", false,
             "without metrics_token_file, serve /metrics and the live view to anyone who reaches metrics_listen (false: only /healthz and /readyz)");
   c.AddInt("threads", 0, "intra-op CPU threads (0: every core)", 0, 1024);

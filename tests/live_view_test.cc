@@ -108,6 +108,44 @@ TEST_F(LiveView, TenantsSeeTheirOwnRunOnly) {
   EXPECT_EQ(GetMetrics(http_->port(), testing::kToken1, &body, "/metrics"), 401) << "Prometheus text lists every client";
 }
 
+// With the server's certificate the port speaks HTTPS: pages and probes answer a client that
+// verifies the certificate, plain text gets nothing; a key that is not the certificate's, or a
+// missing file, stops it with a message naming the files.
+TEST_F(LiveView, TheMetricsPortSpeaksHttpsWithTheServersCertificate) {
+  StartServer();
+  server::MetricsOptions m;
+  m.listen = "0";
+  m.token = kMetricsToken;
+  m.tls_cert = *certs_ + "/server.pem";
+  m.tls_key = *certs_ + "/server.key";
+  server::MetricsHttp https(m, server::LiveViewPages(*service_));
+  const std::string ca = *certs_ + "/ca.pem";
+  std::string body;
+  EXPECT_EQ(testing::GetMetrics(https.port(), kMetricsToken, &body, "/api/status", ca), 200);
+  EXPECT_NE(body.find("\"clients\""), std::string::npos) << body;
+  EXPECT_EQ(testing::GetMetrics(https.port(), "", &body, "/healthz", ca), 200);
+  EXPECT_EQ(testing::GetMetrics(https.port(), "", &body, "/api/status", ca), 401);
+  EXPECT_EQ(testing::GetMetrics(https.port(), kMetricsToken, &body, "/api/status"), 0) << "plain HTTP is not answered";
+
+  server::MetricsOptions wrong_key = m;
+  wrong_key.tls_key = *certs_ + "/client-1.key";
+  try {
+    server::MetricsHttp refused(wrong_key, {});
+    ADD_FAILURE() << "a key that is not the certificate's was taken";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("client-1.key"), std::string::npos) << e.what();
+  }
+  server::MetricsOptions missing = m;
+  missing.tls_cert = *certs_ + "/absent.pem";
+  try {
+    server::MetricsHttp refused(missing, {});
+    ADD_FAILURE() << "a missing certificate was taken";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kNotFound);
+  }
+}
+
 // What a person sees: headless Chromium opens the page with the token in its address, the
 // script polls /api/status and draws; the DOM lists the client and the screenshot is not blank.
 TEST_F(LiveView, ThePageDrawsTheRunInABrowser) {
