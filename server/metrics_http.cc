@@ -220,7 +220,8 @@ MetricsHttp::MetricsHttp(MetricsOptions options, std::map<std::string, HttpPage>
           "HTTPS on the metrics port needs both a certificate and its key (tls_cert, tls_key)");
   if (!o.tls_cert.empty()) {
     for (const std::string& file : {o.tls_cert, o.tls_key}) {
-      Require(std::filesystem::is_regular_file(file), ErrorCode::kNotFound, "cannot serve HTTPS metrics: no file " + file);
+      Require(std::filesystem::is_regular_file(file), ErrorCode::kNotFound,
+              "cannot serve HTTPS metrics: no file " + file + ": give the server's tls_cert and tls_key (or metrics_tls: false)");
     }
     impl_->tls.emplace(asio::ssl::context::tls_server);
     impl_->tls->set_options(asio::ssl::context::no_sslv2 | asio::ssl::context::no_sslv3 | asio::ssl::context::no_tlsv1 |
