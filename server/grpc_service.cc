@@ -288,11 +288,14 @@ bool SplitTrainingService::StillAuthorized(const std::string& token, const std::
 namespace {
 
 // With mutual TLS, the identities of the client's certificate (common name, subject alternative
-// names); empty when the peer presented none.
-std::vector<std::string> CertificateIdentities(const grpc::CallbackServerContext* context) {
+// names), from gRPC's TLS or else from the front door that ended it; empty when the peer presented
+// none.
+std::vector<std::string> CertificateIdentities(const grpc::CallbackServerContext* context, const ServiceOptions& options) {
   std::vector<std::string> names;
   const std::shared_ptr<const grpc::AuthContext> auth = context->auth_context();
-  if (!auth || !auth->IsPeerAuthenticated()) return names;
+  if (!auth || !auth->IsPeerAuthenticated()) {
+    return options.certificate_names_of ? options.certificate_names_of(context->peer()) : names;
+  }
   for (const char* property : {"x509_common_name", "x509_subject_alternative_name"}) {
     for (const grpc::string_ref& value : auth->FindPropertyValues(property)) names.emplace_back(value.data(), value.size());
   }
@@ -318,7 +321,12 @@ grpc::Status SplitTrainingService::Authenticate(const grpc::CallbackServerContex
     caller->client = owner->client;
     caller->admin = owner->admin;
   }
-  const std::vector<std::string> identities = CertificateIdentities(context);
+  const std::vector<std::string> identities = CertificateIdentities(context, options_);
+  if (identities.empty() && options_.certificate_names_of) {
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        "no client certificate stands behind this connection: connect with the certificate issued to '" +
+                            Excerpt(caller->client) + "' (mutual TLS)");
+  }
   if (!identities.empty() && std::find(identities.begin(), identities.end(), caller->client) == identities.end()) {
     return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
                         "the client certificate (" + Excerpt(identities.front()) + ") is not issued to client '" +

@@ -17,11 +17,13 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "amaq/v1/split_training.grpc.pb.h"
 #include "server/split_server.h"
@@ -39,6 +41,10 @@ struct ServiceOptions {
   double connection_idle_seconds = 300;  // gRPC closes a connection with no call in flight this long
   std::string server_id = "amaq-server";
   BatchOptions batching;  // how the compute stage gathers the steps of several clients
+  // Mutual TLS ended in front of gRPC (the server's front door): the names in the client
+  // certificate behind a call's peer address (gRPC's peer(), e.g. "unix:/..."). Set, a call whose
+  // peer has none is refused. Unset: only gRPC's own TLS authenticates certificates.
+  std::function<std::vector<std::string>(const std::string& peer)> certificate_names_of;
 };
 
 // A step stream the service watches for stalls (the Steps reactor).

@@ -54,16 +54,28 @@ int Run(const Config& c) {
   if (c.String("tokens_file").empty()) spdlog::warn("no tokens_file: every client is accepted as the id it claims");
   if (c.Bool("insecure")) spdlog::warn("insecure: true: gRPC runs in plain text (tests only)");
   server::TokenStore tokens(c.String("tokens_file"));
-  const std::shared_ptr<grpc::ServerCredentials> credentials =
-      MakeServerCredentials(TlsFiles{c.String("tls_cert"), c.String("tls_key"), c.String("tls_client_ca")}, c.Bool("insecure"));
+  const TlsFiles tls{c.String("tls_cert"), c.String("tls_key"), c.String("tls_client_ca")};
+  Require(c.Bool("insecure") || (!tls.cert.empty() && !tls.key.empty()), ErrorCode::kInvalidArgument,
+          "the server needs tls_cert and tls_key (or insecure: true for tests only)");
   const std::string metrics_token = c.String("metrics_token_file").empty() ? "" : ReadMetricsToken(c.String("metrics_token_file"));
   server::SplitServer split(o);
-  server::SplitTrainingService service(split, tokens, server::ServiceOptionsFrom(c));
+  // gRPC listens in plain text on a private Unix socket behind a front door (a TcpRelay on
+  // `listen`) that ends TLS, bounds the connections open at once, keeps accepting when file
+  // descriptors run out (gRPC 1.51's own listener stops for good after one failed accept), closes a
+  // connection that opens or resets HTTP/2 streams too fast (gRPC 1.51 queues a call for each) and,
+  // with mutual TLS, tells the service whose certificate stands behind each connection; no other
+  // local user reaches gRPC around it (docs/reliability.md).
+  std::unique_ptr<TcpRelay> front_door;
+  server::ServiceOptions service_options = server::ServiceOptionsFrom(c);
+  if (!tls.ca.empty() && !c.Bool("insecure")) {
+    service_options.certificate_names_of = [&front_door](const std::string& peer) {
+      const std::string unix_prefix = "unix:";
+      return front_door && peer.rfind(unix_prefix, 0) == 0 ? front_door->ClientCertificateNames(peer.substr(unix_prefix.size()))
+                                             : std::vector<std::string>{};
+    };
+  }
+  server::SplitTrainingService service(split, tokens, service_options);
 
-  // gRPC listens on a private Unix socket behind a front door (a TcpRelay on `listen`) that bounds
-  // the connections open at once and keeps accepting when file descriptors run out: gRPC 1.51's own
-  // listener stops for good after one failed accept; no other local user reaches gRPC around it
-  // (docs/reliability.md).
   const uint64_t open_files = RaiseOpenFilesLimit();
   const int64_t connection_room = (static_cast<int64_t>(open_files) - kReservedFiles) / kFilesPerConnection;
   Require(connection_room >= 8, ErrorCode::kFailedPrecondition,
@@ -73,18 +85,21 @@ int Run(const Config& c) {
   front.max_connections = static_cast<int>(std::min<int64_t>(c.Int("max_connections"), connection_room));
   front.max_connections_per_address = static_cast<int>(c.Int("max_connections_per_address"));
   front.close_with_upstream = true;  // gRPC gave up on it (handshake timeout, idle): the slot is free
+  if (!c.Bool("insecure")) front.tls = tls;
+  front.stream_frames_per_second = c.Double("stream_frames_per_second");
+  front.stream_frame_burst = static_cast<double>(c.Int("stream_frame_burst"));
   server::EnableStandardServices();
   grpc::ServerBuilder builder;
   const server::InnerSocket inner;
   int inner_port = 0;  // gRPC sets it to 1 for a Unix socket it listens on
-  builder.AddListeningPort(inner.grpc_address(), credentials, &inner_port);
+  builder.AddListeningPort(inner.grpc_address(), grpc::InsecureServerCredentials(), &inner_port);
   server::HardenServerBuilder(builder, service);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> grpc_server = builder.BuildAndStart();
   Require(grpc_server != nullptr && inner_port > 0, ErrorCode::kUnavailable,
           "gRPC cannot listen on " + inner.path() + ": is its directory writable (TMPDIR)?");
-  TcpRelay front_door(UnixSocket{inner.path()}, front, c.String("listen"));
-  const int port = front_door.port();
+  front_door = std::make_unique<TcpRelay>(UnixSocket{inner.path()}, front, c.String("listen"));
+  const int port = front_door->port();
   spdlog::info("at most {} client connections at once (max_connections {}, open-files limit {})", front.max_connections,
                c.Int("max_connections"), open_files);
   if (!c.String("port_file").empty()) std::ofstream(c.String("port_file")) << port << "\n";

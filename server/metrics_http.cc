@@ -18,6 +18,7 @@
 
 #include "common/base/error.h"
 #include "common/net/host_port.h"
+#include "common/net/server_tls.h"
 
 namespace amaq::server {
 
@@ -35,7 +36,7 @@ struct MetricsHttp::Impl {
   // `io`, whose handlers own the sessions.
   std::list<std::weak_ptr<Session>> sessions;
   std::map<asio::ip::address, int> per_address;
-  std::optional<asio::ssl::context> tls;  // set: every connection speaks HTTPS
+  std::shared_ptr<asio::ssl::context> tls;  // set: every connection speaks HTTPS
   asio::io_context io;
   tcp::acceptor acceptor{io};
   asio::steady_timer accept_retry{io};
@@ -218,21 +219,7 @@ MetricsHttp::MetricsHttp(MetricsOptions options, std::map<std::string, HttpPage>
   const MetricsOptions& o = impl_->options;
   Require(o.tls_cert.empty() == o.tls_key.empty(), ErrorCode::kInvalidArgument,
           "HTTPS on the metrics port needs both a certificate and its key (tls_cert, tls_key)");
-  if (!o.tls_cert.empty()) {
-    for (const std::string& file : {o.tls_cert, o.tls_key}) {
-      Require(std::filesystem::is_regular_file(file), ErrorCode::kNotFound,
-              "cannot serve HTTPS metrics: no file " + file + ": give the server's tls_cert and tls_key (or metrics_tls: false)");
-    }
-    impl_->tls.emplace(asio::ssl::context::tls_server);
-    impl_->tls->set_options(asio::ssl::context::no_sslv2 | asio::ssl::context::no_sslv3 | asio::ssl::context::no_tlsv1 |
-                            asio::ssl::context::no_tlsv1_1);
-    boost::system::error_code tls_ec;
-    impl_->tls->use_certificate_chain_file(o.tls_cert, tls_ec);
-    if (!tls_ec) impl_->tls->use_private_key_file(o.tls_key, asio::ssl::context::pem, tls_ec);
-    Require(!tls_ec, ErrorCode::kInvalidArgument,
-            "cannot serve HTTPS metrics with " + o.tls_cert + " and " + o.tls_key + " (" + tls_ec.message() +
-                "): give a PEM certificate chain and its private key");
-  }
+  if (!o.tls_cert.empty()) impl_->tls = ServerTlsContext(TlsFiles{o.tls_cert, o.tls_key, ""}, false, "the metrics port " + listen);
   boost::system::error_code ec;
   const tcp::endpoint endpoint(asio::ip::make_address(host == "localhost" ? "127.0.0.1" : host, ec), port);
   Require(!ec, ErrorCode::kInvalidArgument, "metrics_listen must be an IP address and port, got '" + listen + "'");

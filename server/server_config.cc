@@ -92,6 +92,12 @@ Config ServerConfig() {
            8, 1 << 20);
   c.AddInt("max_connections_per_address", 64, "client connections open at once from one IP address; more are closed", 1,
            1 << 20);
+  c.AddDouble("stream_frames_per_second", 20,
+              "HTTP/2 streams one client connection may open or reset a second after a burst of stream_frame_burst (HEADERS "
+              "and RST_STREAM frames, counted by the front door); a connection over it is closed (rapid reset; 0: not counted)",
+              0, 1e6);
+  c.AddInt("stream_frame_burst", 100, "HTTP/2 streams one client connection may open or reset at once (stream_frames_per_second)",
+           1, 1 << 20);
   c.AddString("port_file", "", "write the port actually bound to this file (for scripts using port 0)");
   DeclareOptionKeys<ServerOptions>(c, [](auto& keys) { ServerOptionKeys(keys); });
   c.AddString("tls_cert", "", "server certificate chain (PEM)");

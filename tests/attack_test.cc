@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <boost/asio.hpp>
+#include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
@@ -507,15 +508,8 @@ std::vector<std::string> ListeningUnixPaths(const std::set<std::string>& inodes)
 // server's user may enter, not on a loopback port that any local user could reach around the
 // relay's limits; the front door's port is the process's only TCP listener.
 TEST_F(Network, GrpcIsReachableOnlyThroughTheFrontDoor) {
-  const std::string dir = testing::TempDir("inner");
-  const std::string port_file = dir + "/port";
-  testing::Process server({AMAQ_BIN_DIR "/amaq-server", "--model", *model_, "--listen", "127.0.0.1:0", "--port_file",
-                           port_file, "--tls_cert", *certs_ + "/server.pem", "--tls_key", *certs_ + "/server.key",
-                           "--tokens_file", *tokens_, "--threads", "1"},
-                          dir + "/server.log");
-  ASSERT_TRUE(testing::WaitFor([&] { return std::filesystem::exists(port_file) && std::filesystem::file_size(port_file) > 0; }, 60))
-      << server.Log();
-  std::ifstream(port_file) >> port_;
+  const auto started = StartServerProcess(testing::TempDir("inner"));
+  testing::Process& server = *started;
   ASSERT_TRUE(testing::WaitFor([&] { return RawJoin(*RawStub(), kToken1, "client-1", "bf16").ok(); }, 30)) << server.Log();
   const std::set<std::string> sockets = SocketInodes(server.pid());
   EXPECT_EQ(ListeningTcpPorts(sockets), std::vector<int>{port_}) << "a TCP listener besides the front door";
@@ -534,23 +528,16 @@ TEST_F(Network, GrpcIsReachableOnlyThroughTheFrontDoor) {
 // failed for minutes), and a connection past the TLS handshake that never called was never closed.
 // Now one address holds at most max_connections_per_address; when every slot is taken a newcomer
 // closes the oldest connection (a second old or more) that never got past its first TLS flight; a
-// connection gRPC gave up on (the 10 s handshake timeout) is closed by the front door whatever the
-// peer does; and one with no call in flight for connection_idle_seconds is closed by gRPC.
+// connection that has not completed its TLS handshake within 10 s is closed by the front door
+// whatever the peer does; and one with no call in flight for connection_idle_seconds is closed by
+// gRPC (and so by the front door).
 TEST_F(Network, TheFrontDoorFreesSlotsThatIdlePeersHold) {
-  const std::string dir = testing::TempDir("slots");
-  const std::string port_file = dir + "/port";
-  testing::Process server({AMAQ_BIN_DIR "/amaq-server", "--model", *model_, "--listen", "127.0.0.1:0", "--port_file",
-                           port_file, "--tls_cert", *certs_ + "/server.pem", "--tls_key", *certs_ + "/server.key",
-                           "--tokens_file", *tokens_, "--threads", "1", "--max_connections", "100",
-                           "--max_connections_per_address", "16", "--connection_idle_seconds", "2"},
-                          dir + "/server.log");
-  ASSERT_TRUE(testing::WaitFor([&] { return std::filesystem::exists(port_file) && std::filesystem::file_size(port_file) > 0; }, 60))
-      << server.Log();
-  std::ifstream(port_file) >> port_;
+  const auto server = StartServerProcess(testing::TempDir("slots"), {"--max_connections", "100", "--max_connections_per_address",
+                                                                      "16", "--connection_idle_seconds", "2"});
   const auto join_within = [&](double seconds) {
     return testing::WaitFor([&] { return RawJoin(*RawStub(), kToken1, "client-1", "bf16").ok(); }, seconds);
   };
-  ASSERT_TRUE(testing::WaitFor([&] { return RawJoin(*RawStub(), kToken1, "client-1", "bf16").ok(); }, 30)) << server.Log();
+  ASSERT_TRUE(testing::WaitFor([&] { return RawJoin(*RawStub(), kToken1, "client-1", "bf16").ok(); }, 30)) << server->Log();
 
   asio::io_context io;
   std::vector<tcp::socket> one_address;
@@ -562,7 +549,7 @@ TEST_F(Network, TheFrontDoorFreesSlotsThatIdlePeersHold) {
   for (int i = 1; i <= 150; ++i) {
     many_addresses.push_back(ConnectFrom(io, "127.0.3." + std::to_string(i), static_cast<uint16_t>(port_)));
   }
-  // Within 8 s: under gRPC's 10 s handshake timeout, which would free the flood's slots by itself.
+  // Within 8 s: under the front door's 10 s handshake timeout, which would free the flood's slots by itself.
   EXPECT_TRUE(join_within(8)) << "150 idle sockets from 150 addresses, over max_connections 100";
   const auto started = std::chrono::steady_clock::now();
   // Admitted (the first 100 were), and younger than the few the Join's attempts closed: only the
@@ -573,7 +560,7 @@ TEST_F(Network, TheFrontDoorFreesSlotsThatIdlePeersHold) {
   char byte = 0;
   const ssize_t got = ::recv(held.native_handle(), &byte, 1, 0);
   const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  EXPECT_EQ(got, 0) << "the front door closes an idle peer's connection after gRPC's handshake timeout (waited "
+  EXPECT_EQ(got, 0) << "the front door closes an idle peer's connection after its handshake timeout (waited "
                     << waited << " s)";
   EXPECT_GT(waited, 3) << "closed by the timeout, not on arrival";
   many_addresses.clear();
@@ -582,6 +569,107 @@ TEST_F(Network, TheFrontDoorFreesSlotsThatIdlePeersHold) {
   ASSERT_TRUE(channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10)));
   EXPECT_TRUE(testing::WaitFor([&] { return channel->GetState(false) != GRPC_CHANNEL_READY; }, 10))
       << "a connection with no call in flight is closed after connection_idle_seconds";
+}
+
+// HTTP/2 (RFC 9113) as a rapid-reset attacker writes it: a frame, and the header block (HPACK,
+// RFC 7541: indexed fields and literals without indexing) of a Steps call with a wrong token.
+std::string Http2Frame(uint8_t type, uint8_t flags, uint32_t stream, const std::string& payload) {
+  std::string frame = {static_cast<char>(payload.size() >> 16), static_cast<char>(payload.size() >> 8),
+                       static_cast<char>(payload.size()), static_cast<char>(type), static_cast<char>(flags)};
+  for (int shift = 24; shift >= 0; shift -= 8) frame += static_cast<char>(stream >> shift);
+  return frame + payload;
+}
+std::string StepsCallHeaders() {
+  const auto literal = [](const std::string& name_index, const std::string& value) {
+    return name_index + static_cast<char>(value.size()) + value;  // values under 127 bytes, no Huffman
+  };
+  return std::string("\x83\x87") +  // :method POST, :scheme https
+         literal("\x04", "/amaq.v1.SplitTraining/Steps") + literal("\x01", "localhost") +
+         literal("\x0f\x10", "application/grpc") + literal("\x0f\x08", "Bearer not-a-token") +
+         literal(std::string("\x00\x02te", 4), "trailers");
+}
+
+// Until `stop`: opens Steps calls on a TLS connection to the server at `port` and resets each at
+// once (HEADERS, then RST_STREAM CANCEL), 50 at a time, as fast as the connection takes them, and
+// connects again whenever the server closes it. Counts the connections made and the streams written
+// (into the socket: the server need not have read them).
+void RapidReset(uint16_t port, const std::string& ca, const std::atomic<bool>& stop, std::atomic<int>& connections,
+                std::atomic<int64_t>& streams) {
+  asio::io_context io;
+  asio::ssl::context tls(asio::ssl::context::tls_client);
+  tls.load_verify_file(ca);
+  tls.set_verify_mode(asio::ssl::verify_peer);
+  const unsigned char h2[] = {2, 'h', '2'};
+  SSL_CTX_set_alpn_protos(tls.native_handle(), h2, sizeof(h2));
+  const std::string headers = StepsCallHeaders();
+  const std::string cancel("\0\0\0\x08", 4);
+  while (!stop) {
+    asio::ssl::stream<tcp::socket> stream(io, tls);
+    boost::system::error_code ec;
+    stream.lowest_layer().connect(tcp::endpoint(asio::ip::address_v4::loopback(), port), ec);
+    if (!ec) stream.handshake(asio::ssl::stream_base::client, ec);
+    if (ec) continue;
+    ++connections;
+    asio::write(stream, asio::buffer(std::string("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n") + Http2Frame(0x4, 0, 0, "")), ec);
+    for (uint32_t id = 1; !ec && !stop && id < (1u << 31) - 100;) {
+      std::string burst;
+      for (int i = 0; i < 50; ++i, id += 2) burst += Http2Frame(0x1, 0x4, id, headers) + Http2Frame(0x3, 0, id, cancel);
+      asio::write(stream, asio::buffer(burst), ec);
+      if (!ec) streams += 50;
+    }
+  }
+}
+
+// Issue 39 item 2: HTTP/2 rapid reset without credentials. gRPC 1.51 queues a call for every
+// stream's HEADERS, and a reset stream counts against no concurrency limit: 4 connections x 20,000
+// streams took the server's memory to 2.9 GB in the review, retained. Now the front door ends TLS,
+// counts each connection's HEADERS and RST_STREAM frames and closes one that sends them faster
+// than stream_frames_per_second after a burst: the flood costs the attacker a TLS handshake every
+// 50 streams, the server's memory stays bounded, and a legitimate client joins meanwhile.
+TEST_F(Network, RapidResetIsClosedByTheFrontDoorAndLeavesMemoryBounded) {
+  const auto server = StartServerProcess(testing::TempDir("rapid-reset"));
+  ASSERT_TRUE(testing::WaitFor([&] { return RawJoin(*RawStub(), kToken1, "client-1", "bf16").ok(); }, 30)) << server->Log();
+  const double before = testing::ProcStatusMiB(server->pid(), "VmRSS");
+  std::atomic<bool> stop{false};
+  std::atomic<int> connections{0};
+  std::atomic<int64_t> streams{0};
+  std::vector<std::thread> attackers;
+  for (int i = 0; i < 4; ++i) {
+    attackers.emplace_back([&, this] { RapidReset(static_cast<uint16_t>(port_), *certs_ + "/ca.pem", stop, connections, streams); });
+  }
+  double peak = before;
+  int joins = 0, joined = 0;
+  const auto flood_ends = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < flood_ends) {
+    ++joins;
+    joined += RawJoin(*RawStub(), kToken1, "client-1", "bf16", 5).ok() ? 1 : 0;
+    peak = std::max(peak, testing::ProcStatusMiB(server->pid(), "VmRSS"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  stop = true;
+  for (std::thread& t : attackers) t.join();
+  std::this_thread::sleep_for(std::chrono::seconds(5));
+  const double after = testing::ProcStatusMiB(server->pid(), "VmRSS");
+  std::cerr << "rapid reset for 10 s: RSS " << before << " -> peak " << peak << " -> " << after << " MiB 5 s later; "
+            << streams << " streams written (into the socket) on " << connections << " connections; joins " << joined << "/" << joins << "\n";
+  EXPECT_GT(connections, 20) << "the front door closes a connection that resets streams too fast";
+  EXPECT_EQ(joined, joins) << "a legitimate client joins during the flood";
+  EXPECT_LT(peak - before, 256) << "peak resident memory during the flood";
+  EXPECT_LT(after - before, 64) << "resident memory 5 s after the flood";
+  EXPECT_NE(server->Log().find("stream_frames_per_second"), std::string::npos) << "the closes are logged";
+}
+
+// Mutual TLS ended by the front door: the certificate behind each connection reaches the service
+// through the path its upstream end is bound to, and must still be the token's client's.
+TEST_F(Network, MutualTlsThroughTheFrontDoorBindsTheCertificateToTheTokensClient) {
+  const auto server = StartServerProcess(testing::TempDir("front-door-mtls"), {"--tls_client_ca", *certs_ + "/ca.pem"});
+  ASSERT_TRUE(testing::WaitFor([&] { return RawJoin(*RawStub("client-1"), kToken1, "client-1", "bf16").ok(); }, 30))
+      << server->Log();
+  const grpc::Status borrowed = RawJoin(*RawStub("client-2"), kToken1, "client-1", "bf16");
+  EXPECT_EQ(borrowed.error_code(), grpc::StatusCode::PERMISSION_DENIED) << borrowed.error_message();
+  EXPECT_NE(borrowed.error_message().find("client-2"), std::string::npos) << borrowed.error_message();
+  EXPECT_TRUE(RawJoin(*RawStub("client-2"), kToken2, "client-2", "bf16").ok());
+  EXPECT_FALSE(RawJoin(*RawStub(), kToken1, "client-1", "bf16").ok()) << "no certificate, no connection";
 }
 
 // A step of `batch` x `tokens` whose every token is real (TRAIN and SCORE: labelled after the

@@ -8,9 +8,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "amaq/v1/split_training.grpc.pb.h"
 #include "client/grpc_transport.h"
@@ -18,6 +21,7 @@
 #include "client/split_client.h"
 #include "common/model/checkpoint.h"
 #include "common/net/tls.h"
+#include "process.h"
 #include "server/grpc_service.h"
 #include "tiny_model.h"
 
@@ -115,6 +119,23 @@ class Network : public ::testing::Test {
     return losses;
   }
 
+  // An amaq-server process (TLS with this fixture's certificates, its tokens, one thread) on a free
+  // port, with `extra` arguments; once it has written its port, port_ is that port (a failure is
+  // recorded if it never does). Its log is `dir`/server.log; it is killed when the result goes.
+  std::unique_ptr<testing::Process> StartServerProcess(const std::string& dir, const std::vector<std::string>& extra = {}) {
+    const std::string port_file = dir + "/port";
+    std::vector<std::string> args = {AMAQ_BIN_DIR "/amaq-server", "--model", *model_, "--listen", "127.0.0.1:0",
+                                     "--port_file", port_file, "--tls_cert", *certs_ + "/server.pem", "--tls_key",
+                                     *certs_ + "/server.key", "--tokens_file", *tokens_, "--threads", "1"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    auto server = std::make_unique<testing::Process>(args, dir + "/server.log");
+    const bool started = testing::WaitFor(
+        [&] { return std::filesystem::exists(port_file) && std::filesystem::file_size(port_file) > 0; }, 60);
+    EXPECT_TRUE(started) << server->Log();
+    if (started) std::ifstream(port_file) >> port_;
+    return server;
+  }
+
   // A raw client of the protocol, for tests that send what a well-behaved client never would.
   // With `certificate` ("client-1", ...) it presents that client certificate (mutual TLS).
   std::shared_ptr<grpc::Channel> RawChannel(const std::string& certificate = "") const {
@@ -128,9 +149,14 @@ class Network : public ::testing::Test {
   std::unique_ptr<amaq::v1::SplitTraining::Stub> RawStub(const std::string& certificate = "") const {
     return amaq::v1::SplitTraining::NewStub(RawChannel(certificate));
   }
+  // With `deadline_seconds` > 0, a Join not answered within it fails with DEADLINE_EXCEEDED.
   grpc::Status RawJoin(amaq::v1::SplitTraining::Stub& stub, const std::string& token, const std::string& client_id,
-                       const std::string& method) const {
+                       const std::string& method, double deadline_seconds = 0) const {
     grpc::ClientContext context;
+    if (deadline_seconds > 0) {
+      context.set_deadline(std::chrono::system_clock::now() +
+                           std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(deadline_seconds)));
+    }
     Authorize(&context, token);
     amaq::v1::JoinRequest join;
     join.set_client_id(client_id);

@@ -4,23 +4,30 @@
 
 #include <arpa/inet.h>
 #include <sys/un.h>
+#include <unistd.h>
 
 #include <boost/asio.hpp>
+#include <boost/asio/ssl.hpp>
 
 #include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
 #include <deque>
+#include <filesystem>
 #include <functional>
 #include <list>
+#include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 #include <vector>
 
 #include "common/base/error.h"
 #include "common/net/host_port.h"
+#include "common/net/http2_stream_guard.h"
+#include "common/net/server_tls.h"
 
 namespace amaq {
 
@@ -70,9 +77,16 @@ struct Relay {
   asio::steady_timer reset_timer{io};
   asio::steady_timer accept_retry{io};
   std::mt19937_64 jitter_rng;
-  std::atomic<uint64_t> up{0}, down{0}, reset_count{0}, refused{0};
+  std::atomic<uint64_t> up{0}, down{0}, reset_count{0}, refused{0}, stream_floods{0};
   std::mutex mutex;  // guards connections (the destructor reads it from another thread)
   std::list<std::weak_ptr<RelayConnection>> connections;
+  std::shared_ptr<asio::ssl::context> tls;  // set: TLS from clients ends here
+  // With TLS ended here and a Unix socket upstream: the folder where each upstream end is bound to
+  // a path of its own, and the client certificate's names by that path (guarded by names_mutex).
+  std::string peer_folder;
+  uint64_t peers_bound = 0;
+  mutable std::mutex names_mutex;
+  std::map<std::string, std::vector<std::string>> names_by_path;
   std::thread thread;
 
   bool Blackholed() const { return Clock::now() >= blackhole_from; }
@@ -87,6 +101,12 @@ struct Relay {
   // close it.
   bool Admit(const std::shared_ptr<RelayConnection>& connection);
   void Accept();
+  // An admitted connection: its TLS handshake (when TLS ends here) within the time allowed, then
+  // ConnectUpstream.
+  void Handshake(const std::shared_ptr<RelayConnection>& connection);
+  // Opens the upstream end (bound to a path of its own under peer_folder, where `names` are
+  // recorded for ClientCertificateNames), connects it and starts relaying.
+  void ConnectUpstream(const std::shared_ptr<RelayConnection>& connection, std::vector<std::string> names);
 };
 
 // One direction of one connection: a token bucket, then a delay line, then the far socket.
@@ -117,9 +137,13 @@ struct Pipe {
 
 struct RelayConnection : std::enable_shared_from_this<RelayConnection> {
   explicit RelayConnection(Relay& relay)
-      : link(relay), client(relay.io), upstream(relay.io),
+      : link(relay), client(relay.io), upstream(relay.io), handshake_timer(relay.io),
         up(relay.io, client, upstream, relay.link.up_bits_per_second, relay.up),
         down(relay.io, upstream, client, relay.link.down_bits_per_second, relay.down) {
+    if (relay.tls) tls.emplace(client, *relay.tls);
+    if (relay.link.stream_frames_per_second > 0) {
+      guard.emplace(relay.link.stream_frames_per_second, std::max(1.0, relay.link.stream_frame_burst));
+    }
     const double delay = link.link.latency_seconds + link.link.jitter_seconds;
     for (Pipe* p : {&up, &down}) {
       // The bytes a pipe holds before it stops reading: a router's queue plus what is in flight.
@@ -143,7 +167,7 @@ struct RelayConnection : std::enable_shared_from_this<RelayConnection> {
   void Read(Pipe& p) {
     p.reading = true;
     auto self = shared_from_this();
-    p.from.async_read_some(asio::buffer(p.buffer), [this, self, &p](boost::system::error_code ec, size_t n) {
+    auto read = [this, self, &p](boost::system::error_code ec, size_t n) {
       p.reading = false;
       if (ec == asio::error::eof) {  // the sender is done: deliver what is queued, then pass the EOF on
         p.ended = true;
@@ -152,9 +176,22 @@ struct RelayConnection : std::enable_shared_from_this<RelayConnection> {
       }
       if (ec || closed) return Close();
       p.bytes_read += n;
+      if (&p == &up && guard && !guard->Feed(p.buffer.data(), n, Clock::now())) return CloseFlood();
       if (!link.Blackholed()) Enqueue(p, n);
       if (p.queued_bytes < Limit(p)) Read(p);
-    });
+    };
+    if (tls && &p == &up) return tls->async_read_some(asio::buffer(p.buffer), std::move(read));
+    p.from.async_read_some(asio::buffer(p.buffer), std::move(read));
+  }
+
+  void CloseFlood() {
+    const uint64_t floods = ++link.stream_floods;
+    if ((floods & (floods - 1)) == 0) {  // the 1st, 2nd, 4th, 8th ...: an attack does not flood the log
+      spdlog::warn("front door: closed a connection from {} that sent {} HTTP/2 stream frames (HEADERS, RST_STREAM) "
+                   "faster than stream_frames_per_second {} allows ({} such connections so far)",
+                   peer_address, guard->stream_frames(), link.link.stream_frames_per_second, floods);
+    }
+    Close();
   }
 
   void Enqueue(Pipe& p, size_t n) {
@@ -190,14 +227,16 @@ struct RelayConnection : std::enable_shared_from_this<RelayConnection> {
         return Next(p);
       }
       if (link.Stalled(Clock::now())) return Next(p);  // a stall began meanwhile: wait it out
-      asio::async_write(p.to, asio::buffer(p.queue.front().bytes), [this, self, &p](boost::system::error_code wec, size_t n) {
+      auto written = [this, self, &p](boost::system::error_code wec, size_t n) {
         if (wec) return Close();
         p.queued_bytes -= n;
         p.queue.pop_front();
         p.delivered += n;
         Next(p);
         link.Delivered(n);
-      });
+      };
+      if (tls && &p == &down) return asio::async_write(*tls, asio::buffer(p.queue.front().bytes), std::move(written));
+      asio::async_write(p.to, asio::buffer(p.queue.front().bytes), std::move(written));
     });
   }
 
@@ -225,10 +264,19 @@ struct RelayConnection : std::enable_shared_from_this<RelayConnection> {
     upstream.close(ignored);
     up.timer.cancel();
     down.timer.cancel();
+    handshake_timer.cancel();
+    if (!upstream_path.empty()) {
+      std::lock_guard<std::mutex> lock(link.names_mutex);
+      link.names_by_path.erase(upstream_path);
+    }
   }
 
   Relay& link;
   Socket client, upstream;
+  std::optional<asio::ssl::stream<Socket&>> tls;  // set: TLS from the client ends here
+  std::optional<Http2StreamGuard> guard;           // set: the client's stream frames are counted
+  asio::steady_timer handshake_timer;
+  std::string upstream_path;  // where the upstream end is bound (empty: not bound)
   std::string peer_address;  // the client's IP address; guarded by Relay::mutex
   const Clock::time_point accepted = Clock::now();
   Pipe up, down;
@@ -317,11 +365,44 @@ void Relay::Accept() {
       connection->Close();
       return Accept();
     }
-    connection->upstream.async_connect(upstream, [connection](boost::system::error_code cec) {
-      if (cec) return connection->Close();
-      connection->Start();
-    });
+    Handshake(connection);
     Accept();
+  });
+}
+
+void Relay::Handshake(const std::shared_ptr<RelayConnection>& connection) {
+  if (!connection->tls) return ConnectUpstream(connection, {});
+  connection->handshake_timer.expires_after(Seconds(link.tls_handshake_seconds));
+  connection->handshake_timer.async_wait([connection](boost::system::error_code ec) {
+    if (!ec) connection->Close();  // no handshake in time: the slot goes back
+  });
+  connection->tls->async_handshake(asio::ssl::stream_base::server, [this, connection](boost::system::error_code ec) {
+    connection->handshake_timer.cancel();
+    if (ec || connection->closed) return connection->Close();
+    ConnectUpstream(connection, PeerCertificateNames(connection->tls->native_handle()));
+  });
+}
+
+void Relay::ConnectUpstream(const std::shared_ptr<RelayConnection>& connection, std::vector<std::string> names) {
+  if (!peer_folder.empty()) {
+    const asio::local::stream_protocol::endpoint bound(peer_folder + "/peer-" + std::to_string(++peers_bound));
+    boost::system::error_code ec;
+    connection->upstream.open(asio::generic::stream_protocol(asio::local::stream_protocol()), ec);
+    if (!ec) connection->upstream.bind(Endpoint(bound), ec);
+    if (ec) {
+      spdlog::warn("front door: cannot bind a connection's upstream end to {} ({}): check that folder's space and rights",
+                   bound.path(), ec.message());
+      return connection->Close();
+    }
+    connection->upstream_path = bound.path();
+    std::lock_guard<std::mutex> lock(names_mutex);
+    names_by_path[bound.path()] = std::move(names);
+  }
+  connection->upstream.async_connect(upstream, [connection](boost::system::error_code ec) {
+    // The upstream saw the bound path when it accepted; the file itself is no longer needed.
+    if (!connection->upstream_path.empty()) ::unlink(connection->upstream_path.c_str());
+    if (ec) return connection->Close();
+    connection->Start();
   });
 }
 
@@ -344,6 +425,10 @@ TcpRelay::TcpRelay(const UnixSocket& upstream, LinkOptions link, const std::stri
           "the Unix socket path '" + upstream.path + "' must have 1 to " +
               std::to_string(sizeof(sockaddr_un::sun_path) - 1) + " characters: choose a shorter directory");
   impl_->upstream = asio::local::stream_protocol::endpoint(upstream.path);
+  if (!link.tls.cert.empty()) {
+    impl_->peer_folder = std::filesystem::path(upstream.path).parent_path().string();
+    if (impl_->peer_folder.empty()) impl_->peer_folder = ".";
+  }
   Start(link, listen);
 }
 
@@ -352,8 +437,11 @@ void TcpRelay::Start(const LinkOptions& link, const std::string& listen) {
               link.jitter_seconds >= 0 && link.stall_seconds >= 0 && link.burst_bytes > 0 && link.max_connections >= 0,
           ErrorCode::kInvalidArgument,
           "link rates, delays, the burst and max_connections must not be negative (0 rate or 0 connections: unlimited)");
+  Require(link.stream_frames_per_second >= 0 && link.tls_handshake_seconds > 0, ErrorCode::kInvalidArgument,
+          "stream_frames_per_second must not be negative (0: not watched) and the TLS handshake time must be positive");
   impl_->link = link;
   impl_->jitter_rng.seed(link.seed);
+  if (!link.tls.cert.empty()) impl_->tls = ServerTlsContext(link.tls, true, "the front door " + listen);
   if (link.reset_after_bytes >= 0) {
     impl_->ArmFault(static_cast<uint64_t>(link.reset_after_bytes), [this] { impl_->CloseAll(); });
   }
@@ -400,6 +488,13 @@ uint64_t TcpRelay::bytes_up() const { return impl_->up.load(); }
 uint64_t TcpRelay::bytes_down() const { return impl_->down.load(); }
 uint64_t TcpRelay::resets() const { return impl_->reset_count.load(); }
 uint64_t TcpRelay::refused() const { return impl_->refused.load(); }
+uint64_t TcpRelay::stream_floods() const { return impl_->stream_floods.load(); }
+
+std::vector<std::string> TcpRelay::ClientCertificateNames(const std::string& upstream_peer_path) const {
+  std::lock_guard<std::mutex> lock(impl_->names_mutex);
+  const auto found = impl_->names_by_path.find(upstream_peer_path);
+  return found == impl_->names_by_path.end() ? std::vector<std::string>{} : found->second;
+}
 
 size_t TcpRelay::open_connections() const {
   std::lock_guard<std::mutex> lock(impl_->mutex);

@@ -8,12 +8,19 @@
 // they are delivered to the far side. All of its work runs on one internal thread.
 // Clients always arrive over TCP; the upstream is a TCP host:port or a Unix domain socket (the
 // server's gRPC listens on one behind its front door, out of reach of other local users).
+// As the server's front door it may also end the clients' TLS itself (the upstream then gets plain
+// HTTP/2) and watch the HTTP/2 frames each client sends, closing a connection that opens or resets
+// streams too fast (Http2StreamGuard); with mutual TLS it tells the upstream's owner which
+// certificate stands behind each upstream connection (ClientCertificateNames).
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
+
+#include "common/net/tls_files.h"
 
 namespace amaq {
 
@@ -40,6 +47,15 @@ struct LinkOptions {
   // whatever the client does, once what the upstream sent is delivered (false: pass the EOF on and
   // wait for the client's, as TCP's half-close does).
   bool close_with_upstream = false;
+  // The server's front door. With tls.cert and tls.key set, TLS ends here (HTTP/2 by ALPN; with
+  // tls.ca, only clients with a certificate that CA signed); a client that has not completed its
+  // handshake within tls_handshake_seconds is closed.
+  TlsFiles tls;
+  double tls_handshake_seconds = 10;
+  // HTTP/2 HEADERS and RST_STREAM frames one connection may send: a burst, then this many a second
+  // (0: not watched; the client's bytes must then be plain HTTP/2, i.e. TLS ends here or nowhere).
+  double stream_frames_per_second = 0;
+  double stream_frame_burst = 0;
 };
 
 // A Unix domain socket by its file system path (at most 107 bytes).
@@ -67,6 +83,14 @@ class TcpRelay {
   uint64_t resets() const;      // times every connection was closed by a fault
   uint64_t refused() const;     // connections closed at once (over a limit) or closed for a newcomer
   size_t open_connections() const;
+  uint64_t stream_floods() const;  // connections closed for sending stream frames too fast
+
+  // With TLS ended here and a Unix socket upstream: the names in the client certificate (common
+  // name, subject alternative names; PeerCertificateNames) of the connection whose upstream end is
+  // bound to `upstream_peer_path` (each is bound to its own path beside the upstream socket, which
+  // the upstream sees as the peer's address). Empty when no open connection has that path, or its
+  // client presented no certificate. Thread-safe.
+  std::vector<std::string> ClientCertificateNames(const std::string& upstream_peer_path) const;
 
   // Faults on demand (they act on the relay's thread, shortly after the call):
   void ResetConnections();                 // close every open connection, as a dropped link would

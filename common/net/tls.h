@@ -8,14 +8,10 @@
 #include <grpcpp/security/server_credentials.h>
 
 #include <memory>
-#include <string>
+
+#include "common/net/tls_files.h"
 
 namespace amaq {
-
-struct TlsFiles {
-  std::string cert, key;  // this side's certificate chain and private key (client: optional)
-  std::string ca;         // server: CA of client certificates (mutual TLS); client: CA of the server
-};
 
 // Throws amaq::Error (kNotFound / kInvalidArgument) naming the missing or unreadable file.
 std::shared_ptr<grpc::ServerCredentials> MakeServerCredentials(const TlsFiles& files, bool insecure);
