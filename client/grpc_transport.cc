@@ -290,10 +290,26 @@ NamedFloats GrpcTransport::SyncAdapters(const NamedFloats& adapter) {
 
 ServerAdapterInfo GrpcTransport::FetchAdapter() {
   const amaq::v1::AdapterRequest request;
-  amaq::v1::ServerAdapter reply;
-  Unary("fetching the server's adapter", request, &reply,
-        [&](grpc::ClientContext* c) { return stub_->FetchAdapter(c, request, &reply); });
-  return FromServerAdapterMessage(reply);
+  grpc::ClientContext context;
+  AuthorizeCall(&context);
+  const std::unique_ptr<grpc::ClientReader<amaq::v1::ServerAdapter>> reader = stub_->FetchAdapter(&context, request);
+  ServerAdapterInfo info;
+  size_t parts = 0;
+  for (amaq::v1::ServerAdapter part; reader->Read(&part); ++parts) {
+    message_down_ += FramedBytes(part);
+    try {
+      AddServerAdapterPart(part, parts, &info);
+    } catch (const Error&) {
+      context.TryCancel();
+      reader->Finish();
+      throw;
+    }
+  }
+  const grpc::Status status = reader->Finish();
+  if (!status.ok()) throw ToError(status, "fetching the server's adapter");
+  Require(parts > 0, ErrorCode::kDataLoss, "the server's adapter came without a part: the server is faulty; report it");
+  message_up_ += FramedBytes(request);
+  return info;
 }
 
 void GrpcTransport::ReportMetric(int64_t step, const std::string& name, double value) {

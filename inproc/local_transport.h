@@ -55,7 +55,7 @@ class LocalTransport : public client::Transport {
   ServerAdapterInfo FetchAdapter() override {
     const ServerAdapterInfo info = direct_.FetchAdapter();
     up_ += FramedBytes(v1::AdapterRequest());
-    down_ += FramedBytes(ServerAdapterMessage(info));
+    for (const v1::ServerAdapter& part : ServerAdapterParts(info, max_chunk_bytes_)) down_ += FramedBytes(part);
     return info;
   }
   void ReportMetric(int64_t step, const std::string& name, double value) override {

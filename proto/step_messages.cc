@@ -98,26 +98,48 @@ NamedFloats FromNamedTensors(const google::protobuf::RepeatedPtrField<v1::NamedT
   return out;
 }
 
-v1::ServerAdapter ServerAdapterMessage(const ServerAdapterInfo& info) {
-  v1::ServerAdapter m;
-  ToNamedTensors(info.tensors, m.mutable_tensors());
-  m.set_shared(info.shared);
-  m.set_lora_rank(static_cast<int32_t>(info.lora_rank));
-  m.set_lora_alpha(info.lora_alpha);
-  for (const std::string& t : info.target_modules) m.add_target_modules(t);
-  m.set_applied_steps(info.applied_steps);
-  return m;
+std::vector<v1::ServerAdapter> ServerAdapterParts(const ServerAdapterInfo& info, size_t max_part_bytes) {
+  std::vector<v1::ServerAdapter> parts(1);
+  v1::ServerAdapter& first = parts.front();
+  first.set_shared(info.shared);
+  first.set_lora_rank(static_cast<int32_t>(info.lora_rank));
+  first.set_lora_alpha(info.lora_alpha);
+  for (const std::string& t : info.target_modules) first.add_target_modules(t);
+  first.set_applied_steps(info.applied_steps);
+  size_t part_bytes = 0;
+  for (const auto& [name, t] : info.tensors) {
+    if (part_bytes >= max_part_bytes) {
+      parts.emplace_back();
+      part_bytes = 0;
+    }
+    v1::NamedTensor* m = parts.back().add_tensors();
+    m->set_name(name);
+    *m->mutable_shape() = {t.shape.begin(), t.shape.end()};
+    *m->mutable_values() = {t.values.begin(), t.values.end()};
+    part_bytes += t.values.size() * sizeof(float);
+  }
+  return parts;
 }
 
-ServerAdapterInfo FromServerAdapterMessage(const v1::ServerAdapter& m) {
-  ServerAdapterInfo info;
-  info.tensors = FromNamedTensors(m.tensors());
-  info.shared = m.shared();
-  info.lora_rank = m.lora_rank();
-  info.lora_alpha = m.lora_alpha();
-  info.target_modules.assign(m.target_modules().begin(), m.target_modules().end());
-  info.applied_steps = m.applied_steps();
-  return info;
+void AddServerAdapterPart(const v1::ServerAdapter& part, size_t index, ServerAdapterInfo* info, uint64_t max_bytes) {
+  if (index == 0) {
+    info->shared = part.shared();
+    info->lora_rank = part.lora_rank();
+    info->lora_alpha = part.lora_alpha();
+    info->target_modules.assign(part.target_modules().begin(), part.target_modules().end());
+    info->applied_steps = part.applied_steps();
+  }
+  uint64_t received = 0;
+  for (const auto& [name, t] : info->tensors) received += t.values.size() * sizeof(float);
+  for (const v1::NamedTensor& t : part.tensors()) {
+    received += static_cast<uint64_t>(t.values_size()) * sizeof(float);
+    Require(received <= max_bytes, ErrorCode::kDataLoss,
+            "the server's adapter passes " + std::to_string(max_bytes) +
+                " bytes of values: it is not an adapter this client can hold; check the server's lora_rank");
+    Require(info->tensors.count(t.name()) == 0, ErrorCode::kDataLoss,
+            "the server sent the adapter tensor '" + t.name().substr(0, 128) + "' twice: the server is faulty; report it");
+    info->tensors[t.name()] = NamedFloat{{t.shape().begin(), t.shape().end()}, {t.values().begin(), t.values().end()}};
+  }
 }
 
 v1::MetricReport MetricReportMessage(int64_t step, const std::string& name, double value) {

@@ -28,9 +28,16 @@ std::vector<v1::StepReply> StepReplies(const StepResult& result, size_t max_chun
 void ToNamedTensors(const NamedFloats& tensors, google::protobuf::RepeatedPtrField<v1::NamedTensor>* out);
 NamedFloats FromNamedTensors(const google::protobuf::RepeatedPtrField<v1::NamedTensor>& tensors);
 
-// The server's LoRA of a client (FetchAdapter) to and from its protobuf form.
-v1::ServerAdapter ServerAdapterMessage(const ServerAdapterInfo& info);
-ServerAdapterInfo FromServerAdapterMessage(const v1::ServerAdapter& message);
+// The server's LoRA of a client (FetchAdapter) as the parts of its stream: whole tensors, a part
+// closed once it holds max_part_bytes of values or more (a larger tensor travels alone); the first
+// part (there is always one) carries the settings.
+std::vector<v1::ServerAdapter> ServerAdapterParts(const ServerAdapterInfo& info, size_t max_part_bytes);
+// Adds the `index`-th part of a stream to `info` (index 0 also sets the settings). Throws
+// amaq::Error (kDataLoss) for a tensor named twice, or once the values received pass `max_bytes`;
+// `info` then holds the parts before and the tensors of this one up to the refused one.
+constexpr uint64_t kMaxServerAdapterBytes = uint64_t{4} << 30;
+void AddServerAdapterPart(const v1::ServerAdapter& part, size_t index, ServerAdapterInfo* info,
+                          uint64_t max_bytes = kMaxServerAdapterBytes);
 
 v1::MetricReport MetricReportMessage(int64_t step, const std::string& name, double value);
 

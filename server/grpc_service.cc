@@ -167,6 +167,29 @@ class StepsReactor : public grpc::ServerBidiReactor<StepRequest, StepReply>, pub
   std::optional<grpc::Status> deferred_end_;  // an end asked for while the step was computing
 };
 
+// Writes the parts of a stream one after the other, then finishes with OK (or with `status` at
+// once, writing nothing). Deletes itself when gRPC is done with it.
+class PartsWriter final : public grpc::ServerWriteReactor<amaq::v1::ServerAdapter> {
+ public:
+  PartsWriter(std::vector<amaq::v1::ServerAdapter> parts, const grpc::Status& status) : parts_(std::move(parts)) {
+    if (status.ok() && !parts_.empty()) {
+      StartWrite(&parts_.front());
+    } else {
+      Finish(status);
+    }
+  }
+  void OnWriteDone(bool ok) override {
+    if (!ok) return Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client went away"));
+    if (++next_ == parts_.size()) return Finish(grpc::Status::OK);
+    StartWrite(&parts_[next_]);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  std::vector<amaq::v1::ServerAdapter> parts_;
+  size_t next_ = 0;
+};
+
 // A unary reactor that finishes at once with `status`.
 grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* context, const grpc::Status& status) {
   auto* reactor = context->DefaultReactor();
@@ -415,21 +438,25 @@ grpc::ServerUnaryReactor* SplitTrainingService::Status(grpc::CallbackServerConte
   return Done(context, grpc::Status::OK);
 }
 
-grpc::ServerUnaryReactor* SplitTrainingService::FetchAdapter(grpc::CallbackServerContext* context,
-                                                             const amaq::v1::AdapterRequest*, amaq::v1::ServerAdapter* reply) {
+grpc::ServerWriteReactor<amaq::v1::ServerAdapter>* SplitTrainingService::FetchAdapter(grpc::CallbackServerContext* context,
+                                                                                      const amaq::v1::AdapterRequest*) {
   Caller caller;
-  const grpc::Status status = Authenticate(context, &caller);
-  if (!status.ok()) return Done(context, status);
-  if (caller.client.empty()) {
-    return Done(context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no client id: call Join first"));
+  grpc::Status status = Authenticate(context, &caller);
+  if (status.ok() && caller.client.empty()) {
+    status = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no client id: call Join first");
   }
-  try {
-    *reply = ServerAdapterMessage(server_.AdapterOf(caller.client));
-    CountTraffic(caller.client, 0, reply->ByteSizeLong());
-  } catch (const std::exception& e) {
-    return Done(context, ToStatus(e));
+  std::vector<amaq::v1::ServerAdapter> parts;
+  if (status.ok()) {
+    try {
+      parts = ServerAdapterParts(server_.AdapterOf(caller.client), static_cast<size_t>(options_.max_chunk_bytes));
+      uint64_t bytes = 0;
+      for (const amaq::v1::ServerAdapter& part : parts) bytes += part.ByteSizeLong();
+      CountTraffic(caller.client, 0, bytes);
+    } catch (const std::exception& e) {
+      status = ToStatus(e);
+    }
   }
-  return Done(context, grpc::Status::OK);
+  return new PartsWriter(std::move(parts), status);
 }
 
 grpc::ServerUnaryReactor* SplitTrainingService::ReportMetric(grpc::CallbackServerContext* context,

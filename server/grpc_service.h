@@ -76,9 +76,10 @@ class SplitTrainingService final : public amaq::v1::SplitTraining::CallbackServi
                                          amaq::v1::AdapterAverage* reply) override;
   grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* context, const amaq::v1::StatusRequest* request,
                                    amaq::v1::StatusReply* reply) override;
-  // The caller's own server-side LoRA (never another client's: the caller is the token's client).
-  grpc::ServerUnaryReactor* FetchAdapter(grpc::CallbackServerContext* context, const amaq::v1::AdapterRequest* request,
-                                         amaq::v1::ServerAdapter* reply) override;
+  // The caller's own server-side LoRA (never another client's: the caller is the token's client),
+  // in parts of at most max_chunk_bytes of values (ServerAdapterParts).
+  grpc::ServerWriteReactor<amaq::v1::ServerAdapter>* FetchAdapter(grpc::CallbackServerContext* context,
+                                                                  const amaq::v1::AdapterRequest* request) override;
   grpc::ServerUnaryReactor* ReportMetric(grpc::CallbackServerContext* context, const amaq::v1::MetricReport* request,
                                          amaq::v1::MetricAck* reply) override;
 

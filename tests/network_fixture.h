@@ -57,6 +57,7 @@ class Network : public ::testing::Test {
     o.max_step_memory_mb = max_step_memory_mb_;
     o.max_client_memory_mb = max_client_memory_mb_;
     o.shared_lora = shared_lora_;
+    if (server_lora_rank_ > 0) o.lora.rank = server_lora_rank_;
     split_ = std::make_unique<server::SplitServer>(o);
     tokens_store_ = std::make_unique<server::TokenStore>(use_tokens_ ? *tokens_ : "");
     server::ServiceOptions s;
@@ -174,6 +175,7 @@ class Network : public ::testing::Test {
   double session_ttl_seconds_ = 0;  // set with a checkpoint_dir: idle sessions are evicted
   int64_t max_step_memory_mb_ = 0, max_client_memory_mb_ = 0;  // 0: the device's share
   bool shared_lora_ = false;
+  int64_t server_lora_rank_ = 0;  // 0: the tiny model's default
   static std::string* model_;
   static std::string* certs_;
   static std::string* tokens_;

@@ -1,11 +1,14 @@
-// Parts of the server's network side on their own: the StepAssembler (chunks to steps) and the
-// TokenStore (bearer tokens from a file, reloaded when it changes).
+// Parts of the server's network side on their own: the StepAssembler (chunks to steps), the
+// TokenStore (bearer tokens from a file, reloaded when it changes), FetchAdapter's parts and the
+// adapter average.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <optional>
 
 #include "common/base/error.h"
 #include "proto/step_messages.h"
@@ -111,6 +114,41 @@ class TokenStoreTest : public ::testing::Test {
   std::string dir_, path_;
   std::filesystem::file_time_type stamp_ = std::filesystem::file_time_type::clock::now();
 };
+
+// FetchAdapter's stream: whole tensors in parts closed at the bound, the settings in the first.
+TEST(ServerAdapterParts, SplitAtTheBoundAndJoinBackWithTheTotalBounded) {
+  ServerAdapterInfo info;
+  info.lora_rank = 8;
+  info.lora_alpha = 16;
+  info.target_modules = {"q_proj"};
+  info.applied_steps = 5;
+  for (int i = 0; i < 5; ++i) info.tensors["t" + std::to_string(i)] = NamedFloat{{100}, std::vector<float>(100, i + 0.5f)};
+  const std::vector<v1::ServerAdapter> parts = ServerAdapterParts(info, 800);  // two tensors a part
+  ASSERT_EQ(parts.size(), 3u);
+  EXPECT_EQ(parts[0].tensors_size(), 2);
+  EXPECT_EQ(parts[2].tensors_size(), 1);
+  ServerAdapterInfo back;
+  for (size_t i = 0; i < parts.size(); ++i) AddServerAdapterPart(parts[i], i, &back);
+  EXPECT_EQ(back.lora_rank, 8);
+  EXPECT_EQ(back.applied_steps, 5);
+  EXPECT_EQ(back.target_modules, info.target_modules);
+  for (const auto& [name, t] : info.tensors) EXPECT_EQ(back.tensors.at(name).values, t.values) << name;
+
+  ServerAdapterInfo twice;
+  AddServerAdapterPart(parts[0], 0, &twice);
+  const auto code_of = [](const std::function<void()>& f) -> std::optional<ErrorCode> {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.code();
+    }
+    return std::nullopt;
+  };
+  EXPECT_EQ(code_of([&] { AddServerAdapterPart(parts[0], 1, &twice); }), ErrorCode::kDataLoss) << "a tensor sent twice";
+  ServerAdapterInfo past, at;
+  EXPECT_EQ(code_of([&] { AddServerAdapterPart(parts[0], 0, &past, 799); }), ErrorCode::kDataLoss) << "past the bound";
+  EXPECT_EQ(code_of([&] { AddServerAdapterPart(parts[0], 0, &at, 800); }), std::nullopt) << "at the bound";
+}
 
 TEST_F(TokenStoreTest, NamesTheOwnerOfEachTokenAndIgnoresBadLines) {
   Write("# clients\nclient-1 aaaaaaaaaaaaaaaa\noperator bbbbbbbbbbbbbbbb admin\nshort tooshort\n"
