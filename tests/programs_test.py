@@ -4,7 +4,8 @@
 For each program: its `--help` is in docs/configuration.md verbatim; an unknown key exits with
 code 2 naming the key; a missing --config file exits with code 2 naming the file; a config file's
 keys are read (a bad value in it is refused by key and file). And amaq-generate's own checks:
-no prompt, top_k without a temperature, an empty prompt on standard input: each code 2.
+no prompt, top_k without a temperature, an empty prompt on standard input: each code 2. And
+amaq-server's refusals at start: no TLS files, metrics_tls without them, a TLS file that is absent.
 """
 import os
 import subprocess
@@ -58,6 +59,20 @@ class Programs(unittest.TestCase):
                 out = run("amaq-generate", *args, stdin=stdin)
                 self.assertEqual(out.returncode, 2, out.stdout + out.stderr)
                 self.assertIn(message, out.stderr)
+
+    def test_server_refuses_what_it_cannot_serve(self):
+        model = os.path.join(ROOT, "models", "amaq-base")
+        base = ("--model", model, "--listen", "127.0.0.1:0")
+        work = tempfile.mkdtemp(prefix="amaq-programs-")
+        absent = os.path.join(work, "absent.pem")
+        for args, code, message in [((), 2, "the server needs tls_cert and tls_key"),
+                                    (("--insecure", "true", "--metrics_listen", "127.0.0.1:0", "--metrics_tls", "true"), 2,
+                                     "metrics_tls serves HTTPS with the server's certificate: set tls_cert and tls_key"),
+                                    (("--tls_cert", absent, "--tls_key", absent), 1, "no file " + absent)]:
+            with self.subTest(args=args):
+                out = run("amaq-server", *base, *args)
+                self.assertEqual(out.returncode, code, out.stdout + out.stderr)
+                self.assertIn(message, out.stdout + out.stderr)
 
 
 if __name__ == "__main__":
