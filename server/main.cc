@@ -17,7 +17,7 @@
 #include "common/base/program.h"
 #include "common/net/tcp_relay.h"
 #include "common/model/threads.h"
-#include "common/net/tls.h"
+#include "common/net/tls_files.h"
 #include "server/grpc_service.h"
 #include "server/inner_socket.h"
 #include "server/server_config.h"
