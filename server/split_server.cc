@@ -763,6 +763,7 @@ void SplitServer::SaveSession(torch::serialize::OutputArchive& archive, Session&
   archive.write(key + ".last_applied", torch::tensor(s.last_applied));
   archive.write(key + ".applied_steps", torch::tensor(s.stats.steps));
   if (s.own) SaveLora(archive, key, s.own->values, *s.own->optimizer);
+  SaveAnswers(archive, key, s);
   if (s.codec) s.codec->SaveHistory();  // a file of its own, of any age: safe with the checkpoint before or after it
 }
 
@@ -791,7 +792,50 @@ std::unique_ptr<SplitServer::Session> SplitServer::LoadSession(torch::serialize:
     s->own = NewLoraState();
     LoadLora(archive, key, s->own->values, *s->own->optimizer);
   }
+  LoadAnswers(archive, key, *s);
   return s;
+}
+
+// The stored answers are kept in checkpoints: a client killed before its own checkpoint held a
+// step sends it again, and gets the same gradient from a restarted server as from this one.
+void SplitServer::SaveAnswers(torch::serialize::OutputArchive& archive, const std::string& key, const Session& s) {
+  for (size_t j = 0; j < s.applied.size(); ++j) {
+    const Session::Answers& a = s.applied[j];
+    const std::string answers = key + ".answers." + std::to_string(j);
+    std::vector<double> numbers;  // per part: loss, average bits, server seconds
+    for (const StepResult& r : a.replies) numbers.insert(numbers.end(), {r.loss, r.average_bits, r.server_seconds});
+    archive.write(answers + ".step", torch::tensor(a.step));
+    archive.write(answers + ".numbers", torch::tensor(numbers, torch::kDouble));
+    for (size_t p = 0; p < a.gradients.size(); ++p) archive.write(answers + ".gradient." + std::to_string(p), a.gradients[p]);
+  }
+}
+
+void SplitServer::LoadAnswers(torch::serialize::InputArchive& archive, const std::string& key, Session& s) const {
+  for (int j = 0;; ++j) {  // the stored answers (absent from checkpoints before they were kept)
+    const std::string answers = key + ".answers." + std::to_string(j);
+    torch::Tensor step, numbers;
+    if (!archive.try_read(answers + ".step", step)) break;
+    archive.read(answers + ".numbers", numbers);
+    Require(numbers.dim() == 1 && numbers.size(0) % 3 == 0, ErrorCode::kDataLoss,
+            "client " + s.client_id + ": the checkpoint's stored answers are malformed: move the checkpoint away to start fresh");
+    Session::Answers a{step.item<int64_t>(), {}, {}};
+    for (int64_t p = 0; p < numbers.size(0) / 3; ++p) {
+      StepResult r;
+      r.step_id = a.step;
+      r.duplicate = true;
+      r.loss = static_cast<float>(numbers[3 * p].item<double>());
+      r.average_bits = numbers[3 * p + 1].item<double>();
+      r.server_seconds = numbers[3 * p + 2].item<double>();
+      a.replies.push_back(r);
+      torch::Tensor g;
+      archive.read(answers + ".gradient." + std::to_string(p), g);
+      Require(g.scalar_type() == torch::kFloat && g.dim() == 2 && g.size(1) == config_.hidden_size, ErrorCode::kDataLoss,
+              "client " + s.client_id + ": a stored answer's gradient in the checkpoint is not [rows, " +
+                  std::to_string(config_.hidden_size) + "] fp32: move the checkpoint away to start fresh");
+      a.gradients.push_back(g.contiguous());
+    }
+    s.applied.push_back(std::move(a));
+  }
 }
 
 std::string SplitServer::EvictedPath(const std::string& client_id) const {

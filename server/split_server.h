@@ -206,6 +206,9 @@ class SplitServer {
   // A session's state under "client.<id>." in an archive, and back (a session with its method set).
   void SaveSession(torch::serialize::OutputArchive& archive, Session& s);
   std::unique_ptr<Session> LoadSession(torch::serialize::InputArchive& archive, const std::string& id);
+  // A session's stored answers (Session::applied) under `key`, and back.
+  static void SaveAnswers(torch::serialize::OutputArchive& archive, const std::string& key, const Session& s);
+  void LoadAnswers(torch::serialize::InputArchive& archive, const std::string& key, Session& s) const;
   std::string EvictedPath(const std::string& client_id) const;
   // The evicted session of `client_id`, or null; its file stays until a checkpoint holds the session.
   std::unique_ptr<Session> LoadEvicted(const std::string& client_id);

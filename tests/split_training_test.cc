@@ -1106,6 +1106,30 @@ TEST_F(ServerGuards, TheLastTwoAppliedStepsAreAnsweredFromTheStore) {
   EXPECT_EQ(server_->Stats().at("c").steps, 3) << "nothing applied twice";
 }
 
+// The stored answers are in the checkpoint: a client killed after the server applied its step,
+// before its own checkpoint held it, sends the step again to a restarted server and gets the
+// answer it lost (not one computed on the newer weights), so its own update is the one it lost.
+TEST_F(ServerGuards, ARestartedServerAnswersTheLastStepsAsBefore) {
+  server::ServerOptions o = ServerFor(dir_);
+  o.checkpoint_dir = testing::TempDir("server-answers");
+  o.checkpoint_every = 1;
+  std::vector<StepResult> firsts;
+  {
+    server::SplitServer before(o);
+    before.Join("c", fingerprint_, 2, "fp32");
+    for (int64_t step = 0; step < 3; ++step) firsts.push_back(before.Step("c", Valid(step)));
+  }
+  server::SplitServer restarted(o);
+  EXPECT_EQ(restarted.Join("c", fingerprint_, 2, "fp32"), 2);
+  for (int64_t step : {1, 2}) {
+    const StepResult again = restarted.Step("c", Valid(step));
+    EXPECT_TRUE(again.duplicate) << "step " << step;
+    EXPECT_EQ(again.loss, firsts[static_cast<size_t>(step)].loss) << "step " << step;
+    EXPECT_EQ(again.gradient, firsts[static_cast<size_t>(step)].gradient) << "step " << step;
+  }
+  EXPECT_EQ(restarted.Stats().at("c").steps, 3) << "nothing applied twice";
+}
+
 TEST_F(ServerGuards, StepsApplyOnceAndInOrder) {
   const StepResult first = server_->Step("c", Valid(0));
   EXPECT_FALSE(first.duplicate);
