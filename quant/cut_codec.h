@@ -162,6 +162,8 @@ class ServerCodec {
   // As ClientCodec's: the method's history to and from CodecContext::history_file.
   virtual void SaveHistory() {}
   virtual void LoadHistory() {}
+  // Bytes the method's history holds in memory (AQ-SGD: its cache's entries not spilled).
+  virtual uint64_t memory_bytes() const { return 0; }
 
  protected:
   // The gradient's format, given the training activation it answers.

@@ -35,6 +35,8 @@ std::string PrometheusText(const SplitTrainingService& service) {
   out << "amaq_batched_steps_total " << service.worker().batched_steps() << "\n";
   metric("amaq_sessions_in_memory", "gauge", "Client sessions held in memory");
   out << "amaq_sessions_in_memory " << service.server().sessions_in_memory() << "\n";
+  metric("amaq_sessions_memory_bytes", "gauge", "What max_sessions_memory_mb counts, as of the last step: decoding caches, AQ-SGD caches, stored replies, per-client LoRA");
+  out << "amaq_sessions_memory_bytes " << service.server().sessions_memory_bytes() << "\n";
   metric("amaq_sessions_evicted_total", "counter", "Idle sessions moved to checkpoint_dir/sessions (session_ttl_seconds)");
   out << "amaq_sessions_evicted_total " << service.server().sessions_evicted() << "\n";
   return out.str();

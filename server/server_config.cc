@@ -55,6 +55,10 @@ void ServerOptionKeys(Keys& keys) {
               "evict a session idle this long (no stream, no call) to checkpoint_dir/sessions; its client's Join resumes it "
               "(0: never)",
               0, 1e9);
+  keys.Double("max_sessions_memory_mb", &O::max_sessions_memory_mb,
+              "all sessions' state together (decoding caches, AQ-SGD caches in memory, stored replies, per-client LoRA); "
+              "past it the least recently seen sessions move to checkpoint_dir/sessions, or steps are refused (0: no bound)",
+              0, 1e9);
   keys.Group(&O::averaging, AddAverageKeys, AverageFromConfig);
   keys.Int("seed", &O::seed, "seed of the LoRA initialisation (clients use the same)", 0, INT64_MAX);
 }

@@ -87,6 +87,16 @@ std::string SessionFile(const std::string& dir, const std::string& client_id, co
   return dir + "/" + name + extension;
 }
 
+uint64_t Bytes(const torch::Tensor& t) { return t.defined() ? static_cast<uint64_t>(t.nbytes()) : 0; }
+
+// The bytes of a decoding cache's keys, values and mask (0 for none).
+uint64_t HeldBytes(const KvCache* cache) {
+  if (!cache) return 0;
+  uint64_t total = Bytes(cache->seen);
+  for (const LayerKv& layer : cache->layers) total += Bytes(layer.keys) + Bytes(layer.values);
+  return total;
+}
+
 }  // namespace
 
 SplitServer::SplitServer(ServerOptions options) : options_(std::move(options)) {
@@ -283,7 +293,8 @@ void SplitServer::StepBatch(std::vector<BatchEntry>& batch) {
   std::vector<const Session*> touched;  // refused steps count their bytes too
   const auto started = Clock::now();
   std::vector<Admitted> train, replays;
-  std::set<std::string> clients;
+  std::set<std::string> clients, in_batch;
+  for (const BatchEntry& e : batch) in_batch.insert(e.client_id);
   for (BatchEntry& e : batch) {
     try {
       Require(clients.insert(e.client_id).second, ErrorCode::kInternal,
@@ -297,8 +308,9 @@ void SplitServer::StepBatch(std::vector<BatchEntry>& batch) {
         e.result = std::move(*stored);
         continue;
       }
-      AdmitCost(s, in);
+      const StepCost cost = AdmitCost(s, in);
       const bool replay = Admit(s, in, started);
+      KeepSessionsWithinBudget(in_batch, s, in, cost);
       Received received;
       torch::Tensor activation = Decode(s, in, &received);
       if (in.kind != StepKind::kTrain) {
@@ -327,6 +339,9 @@ void SplitServer::StepBatch(std::vector<BatchEntry>& batch) {
   }
   std::lock_guard<std::mutex> lock(sessions_mutex_);
   for (const Session* s : touched) PublishLocked(*s);
+  uint64_t bytes = 0;
+  for (const auto& [id, s] : sessions_) bytes += SessionBytes(*s);
+  sessions_bytes_ = bytes;
 }
 
 std::optional<StepResult> SplitServer::AnswerRetry(Session& s, const StepInput& in) {
@@ -348,7 +363,7 @@ std::optional<StepResult> SplitServer::AnswerRetry(Session& s, const StepInput& 
   return again;
 }
 
-void SplitServer::AdmitCost(const Session& s, const StepInput& in) const {
+StepCost SplitServer::AdmitCost(const Session& s, const StepInput& in) const {
   const int64_t server_layers = config_.num_hidden_layers - options_.cut_layer;
   const bool extends = in.cache == DecodeCache::kExtend && s.decode_cache;
   const int64_t cached = extends ? s.decode_cache->length() : 0;
@@ -363,6 +378,58 @@ void SplitServer::AdmitCost(const Session& s, const StepInput& in) const {
           step + " needs about " + mib(cost.bytes) + " on the server and leaves " + mib(cost.kept_bytes) +
               " in its decoding cache, over the limit of " + mib(client_budget_) +
               " per client (max_client_memory_mb): decode shorter sequences or fewer rows, or raise the limit");
+  return cost;
+}
+
+uint64_t SplitServer::SessionBytes(const Session& s) const {
+  uint64_t total = (s.codec ? s.codec->memory_bytes() : 0) + HeldBytes(s.decode_cache.get());
+  for (const Session::Answers& a : s.applied) {
+    for (const torch::Tensor& g : a.gradients) total += Bytes(g);
+  }
+  for (const torch::Tensor& g : s.partial_gradients) total += Bytes(g);
+  if (s.own) {
+    for (const torch::Tensor& v : s.own->values) total += 3 * Bytes(v);  // the values and AdamW's two moments
+  }
+  return total;
+}
+
+void SplitServer::KeepSessionsWithinBudget(const std::set<std::string>& batch, const Session& s, const StepInput& in,
+                                           const StepCost& cost) {
+  if (options_.max_sessions_memory_mb <= 0) return;
+  const auto budget = static_cast<uint64_t>(options_.max_sessions_memory_mb * (1 << 20));
+  const uint64_t cached = HeldBytes(s.decode_cache.get());  // the decoding cache this step replaces or extends
+  const uint64_t rows = static_cast<uint64_t>(in.batch * in.tokens), row = static_cast<uint64_t>(config_.hidden_size) * 4;
+  const uint64_t stored = in.kind == StepKind::kTrain ? rows * row * (s.codec->memory_bytes() > 0 ? 2 : 1) : 0;
+  const uint64_t adds = (cost.kept_bytes > cached ? cost.kept_bytes - cached : 0) + stored;
+  std::unique_lock<std::mutex> lock(sessions_mutex_);
+  uint64_t total = 0, movable = 0;
+  std::vector<std::pair<Clock::time_point, std::string>> others;  // sessions that may move to disk
+  for (const auto& [id, other] : sessions_) {
+    const uint64_t bytes = SessionBytes(*other);
+    total += bytes;
+    if (!batch.count(id) && other->partial_step < 0) {  // not amid a step sent in parts
+      others.emplace_back(other->last_seen, id);
+      movable += bytes;
+    }
+  }
+  if (total + adds <= budget) return;
+  std::sort(others.begin(), others.end());
+  const auto mib = [](uint64_t b) { return std::to_string((b + (1 << 20) - 1) >> 20) + " MiB"; };
+  const std::string over = "the server's sessions hold " + mib(total) + " and step " + std::to_string(in.step_id) +
+                           " of client " + s.client_id + " adds about " + mib(adds) + ", over max_sessions_memory_mb (" +
+                           mib(budget) + ")";
+  Require(!options_.checkpoint_dir.empty(), ErrorCode::kResourceExhausted,
+          over + ", and without checkpoint_dir no session can move to disk: raise max_sessions_memory_mb or set checkpoint_dir "
+                 "(the step was not applied; send it again later)");
+  Require(total - movable + adds <= budget, ErrorCode::kResourceExhausted,
+          over + " even with every other session on disk: raise max_sessions_memory_mb, or send fewer rows or shorter "
+                 "sequences (the step was not applied)");
+  for (size_t i = 0; total + adds > budget; ++i) {
+    total -= SessionBytes(*sessions_.at(others[i].second));
+    EvictLocked(others[i].second, "to keep max_sessions_memory_mb");
+  }
+  lock.unlock();
+  TryCheckpointLocked();  // without them (until it succeeds, their files are the newer state)
 }
 
 bool SplitServer::Admit(const Session& s, const StepInput& in, Clock::time_point now) const {
@@ -598,16 +665,18 @@ void SplitServer::Commit(Session& s, const StepInput& in, const Received& receiv
 }
 
 void SplitServer::CheckpointIfDue() {
-  if (applied_since_checkpoint_ >= options_.checkpoint_every) {
-    // A failed periodic checkpoint (disk full, folder gone) must not fail the step that was just
-    // applied: the previous checkpoint stays, the error is logged and counted, and the next step
-    // tries again. Checkpoint() (at shutdown) does throw.
-    try {
-      CheckpointLocked();
-    } catch (const Error& e) {
-      ++checkpoint_failures_;
-      spdlog::error("checkpoint failed (the previous one is intact; retrying after the next step): {}", e.what());
-    }
+  if (applied_since_checkpoint_ >= options_.checkpoint_every) TryCheckpointLocked();
+}
+
+void SplitServer::TryCheckpointLocked() {
+  // A failed checkpoint between steps (disk full, folder gone) must not fail the step: the previous
+  // checkpoint stays, the error is logged and counted, and the next step tries again. Checkpoint()
+  // (at shutdown) does throw.
+  try {
+    CheckpointLocked();
+  } catch (const Error& e) {
+    ++checkpoint_failures_;
+    spdlog::error("checkpoint failed (the previous one is intact; retrying after the next step): {}", e.what());
   }
 }
 
@@ -873,22 +942,24 @@ int SplitServer::EvictIdle(const std::set<std::string>& connected) {
     }
   }
   if (idle.empty()) return 0;
-  std::filesystem::create_directories(SessionsDir(options_));
-  for (const std::string& id : idle) {
-    torch::serialize::OutputArchive archive;
-    archive.write("client", c10::IValue(id));
-    SaveSession(archive, *sessions_.at(id));
-    std::ostringstream bytes;
-    archive.save_to(bytes);
-    WriteFileAtomically(EvictedPath(id), bytes.str());
-    sessions_.erase(id);
-    published_.erase(id);
-    ++sessions_evicted_;
-    spdlog::info("client {}: session evicted after {:g} s idle (kept in {})", id, options_.session_ttl_seconds, EvictedPath(id));
-  }
+  for (const std::string& id : idle) EvictLocked(id, "after " + std::to_string(options_.session_ttl_seconds) + " s idle");
   lock.unlock();
   CheckpointLocked();  // without them: their files are the newer state
   return static_cast<int>(idle.size());
+}
+
+void SplitServer::EvictLocked(const std::string& id, const std::string& why) {
+  std::filesystem::create_directories(SessionsDir(options_));
+  torch::serialize::OutputArchive archive;
+  archive.write("client", c10::IValue(id));
+  SaveSession(archive, *sessions_.at(id));
+  std::ostringstream bytes;
+  archive.save_to(bytes);
+  WriteFileAtomically(EvictedPath(id), bytes.str());
+  sessions_.erase(id);
+  published_.erase(id);
+  ++sessions_evicted_;
+  spdlog::info("client {}: session evicted {} (kept in {})", id, why, EvictedPath(id));
 }
 
 size_t SplitServer::sessions_in_memory() const {

@@ -7,7 +7,10 @@
 // LoRA common to all clients. A step runs in stages:
 //   admit    the fields are checked; a step whose estimated memory (server/step_cost.h) exceeds
 //            max_step_memory_mb, or with the decoding cache it leaves max_client_memory_mb, is
-//            refused (kResourceExhausted, naming the limit); a retry of the last applied step is answered from the stored
+//            refused (kResourceExhausted, naming the limit); a step that would take every session's
+//            state past max_sessions_memory_mb first moves the least recently seen other sessions
+//            to disk, and is refused (kResourceExhausted) when that cannot make room;
+//            a retry of the last applied step is answered from the stored
 //            reply; a gap in step ids is refused; a TRAIN step sooner than 1/max_steps_per_second
 //            after the client's last applied one is refused (kResourceExhausted: retry later);
 //   decode   the activation, by the session's codec (its streams advance with every message
@@ -47,6 +50,7 @@
 #include "quant/method.h"
 #include "server/adapter_average.h"
 #include "server/run_history.h"
+#include "server/step_cost.h"
 
 namespace amaq::server {
 
@@ -73,6 +77,11 @@ struct ServerOptions {
   // A session whose client has had no open stream and sent nothing for this long is written to
   // checkpoint_dir/sessions/ and dropped from memory; its client's next Join loads it (0: never).
   double session_ttl_seconds = 0;
+  // All sessions' state together: decoding caches, AQ-SGD caches in memory, stored replies, the
+  // per-client LoRA with its optimizer (0: no bound). Past it, a step first moves the least
+  // recently seen sessions (not those of its batch) to checkpoint_dir/sessions/ as session_ttl_seconds
+  // does; without checkpoint_dir, or with nothing left to move, the step is refused.
+  double max_sessions_memory_mb = 0;
   AverageOptions averaging;  // collaborative mode's aggregate of the clients' adapters
   uint64_t seed = 1;
 };
@@ -155,6 +164,8 @@ class SplitServer {
   // A failed write leaves the session in memory and throws amaq::Error.
   int EvictIdle(const std::set<std::string>& connected);
   size_t sessions_in_memory() const;
+  // The bytes max_sessions_memory_mb counts, over the sessions in memory, as of the last step.
+  uint64_t sessions_memory_bytes() const { return sessions_bytes_; }
   int64_t sessions_evicted() const { return sessions_evicted_; }
   std::map<std::string, ClientStats> Stats() const;
   // The curves of every client's run (run_history.h), for the live view.
@@ -184,7 +195,18 @@ class SplitServer {
   // The stages of Step (see the top of this file).
   std::optional<StepResult> AnswerRetry(Session& s, const StepInput& in);
   bool Admit(const Session& s, const StepInput& in, Clock::time_point now) const;  // true: a replay
-  void AdmitCost(const Session& s, const StepInput& in) const;
+  StepCost AdmitCost(const Session& s, const StepInput& in) const;
+  // The state of `s` that max_sessions_memory_mb counts, in bytes (the caller holds step_mutex_).
+  uint64_t SessionBytes(const Session& s) const;
+  // Makes room for what step `in` of `s` adds to its session's state (`cost.kept_bytes`, its
+  // stored reply, its AQ-SGD entries) by evicting the least recently seen sessions outside
+  // `batch` and not amid a step sent in parts; throws kResourceExhausted, having moved nothing,
+  // when that cannot make room. The caller holds step_mutex_.
+  void KeepSessionsWithinBudget(const std::set<std::string>& batch, const Session& s, const StepInput& in,
+                                const StepCost& cost);
+  // Writes the session of `id` to its file under checkpoint_dir/sessions/ and drops it from
+  // memory (the caller holds both locks; the checkpoint is rewritten by the caller).
+  void EvictLocked(const std::string& id, const std::string& why);
   struct Received {  // what the decode stage learnt of the activation
     double average_bits = 0;
     std::map<int, double> width_shares;
@@ -199,6 +221,7 @@ class SplitServer {
   void TrainBatch(std::vector<Admitted>& steps, Clock::time_point started, bool replays);
   void Commit(Session& s, const StepInput& in, const Received& received, Clock::time_point started);
   void CheckpointIfDue();
+  void TryCheckpointLocked();  // CheckpointLocked, a failure logged and counted
   LoraState& LoraOf(Session& s);
   quant::CodecContext CodecContextFor(const std::string& client_id) const;
   std::unique_ptr<LoraState> NewLoraState();
@@ -230,6 +253,7 @@ class SplitServer {
   int64_t applied_since_checkpoint_ = 0;
   std::atomic<int64_t> checkpoint_failures_{0};
   std::atomic<int64_t> sessions_evicted_{0};
+  std::atomic<uint64_t> sessions_bytes_{0};
   RunHistory history_;
   const Clock::time_point started_ = Clock::now();
   // Two locks, always taken in this order. step_mutex_: one step at a time; held by steps,

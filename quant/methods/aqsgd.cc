@@ -79,6 +79,7 @@ class AqsgdServerCodec : public ServerCodec {
 
   void SaveHistory() override { SaveCache(receiver_.cache(), history_file_); }
   void LoadHistory() override { LoadCache(receiver_.cache(), history_file_); }
+  uint64_t memory_bytes() const override { return receiver_.cache_stats().memory_bytes; }
 
  protected:
   GradientFormat GradientFor(const Decoded&) const override { return gradient_; }
