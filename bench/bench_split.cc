@@ -13,6 +13,7 @@
 #include "common/text/datasets.h"
 #include "common/model/threads.h"
 #include "server/grpc_service.h"
+#include "server/split_server.h"
 
 using namespace amaq;
 

@@ -10,6 +10,7 @@
 #include "common/base/error.h"
 #include "proto/grpc_status.h"
 #include "proto/step_messages.h"
+#include "server/split_server.h"
 
 namespace amaq::server {
 namespace {

@@ -26,12 +26,13 @@
 #include <vector>
 
 #include "amaq/v1/split_training.grpc.pb.h"
-#include "server/split_server.h"
 #include "server/step_assembler.h"
 #include "server/step_worker.h"
 #include "server/token_store.h"
 
 namespace amaq::server {
+
+class SplitServer;  // server/split_server.h: held by reference, so this header needs no LibTorch
 
 // The defaults here are amaq-server's (server/server_config.cc declares the keys that set them).
 struct ServiceOptions {

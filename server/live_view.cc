@@ -1,4 +1,5 @@
 #include "server/live_view.h"
+#include "server/split_server.h"
 
 #include <nlohmann/json.hpp>
 

@@ -1,4 +1,5 @@
 #include "server/prometheus_text.h"
+#include "server/split_server.h"
 
 #include <sstream>
 

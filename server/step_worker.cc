@@ -1,4 +1,5 @@
 #include "server/step_worker.h"
+#include "server/split_server.h"
 
 #include <malloc.h>
 

@@ -15,9 +15,10 @@
 #include <vector>
 
 #include "common/base/split_step.h"
-#include "server/split_server.h"
 
 namespace amaq::server {
+
+class SplitServer;  // server/split_server.h: the worker holds a reference only, so this header needs no LibTorch
 
 // Who waits for a step's outcome. Exactly one of the two is called per submitted step, on the
 // worker thread, after the step's input has been freed.

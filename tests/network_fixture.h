@@ -23,6 +23,7 @@
 #include "common/net/tls.h"
 #include "process.h"
 #include "server/grpc_service.h"
+#include "server/split_server.h"
 #include "tiny_model.h"
 
 namespace amaq::testing {
