@@ -1,9 +1,10 @@
 #include "server/live_view.h"
-#include "server/split_server.h"
 
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+
+#include "server/split_server.h"
 
 namespace amaq::server {
 namespace {

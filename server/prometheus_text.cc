@@ -1,7 +1,8 @@
 #include "server/prometheus_text.h"
-#include "server/split_server.h"
 
 #include <sstream>
+
+#include "server/split_server.h"
 
 namespace amaq::server {
 

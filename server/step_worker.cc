@@ -1,5 +1,4 @@
 #include "server/step_worker.h"
-#include "server/split_server.h"
 
 #include <malloc.h>
 
@@ -7,6 +6,8 @@
 #include <chrono>
 #include <set>
 #include <stdexcept>
+
+#include "server/split_server.h"
 
 namespace amaq::server {
 
