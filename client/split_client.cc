@@ -97,6 +97,7 @@ SplitClient::SplitClient(ClientOptions options, Dataset data, Transport& transpo
   context.amaq_ramp_fraction = options_.amaq_ramp_fraction;
   context.cache_bytes = static_cast<uint64_t>(options_.aqsgd_cache_mb) << 20;
   context.spill_dir = options_.aqsgd_spill_dir;
+  context.env = options_.env;
   if (!options_.checkpoint_dir.empty()) context.history_file = options_.checkpoint_dir + "/" + options_.client_id + ".aqsgd";
   codec_ = method_->MakeClientCodec(context);
   fingerprint_ = ModelFingerprint(options_.model_dir, options_.cut_layer, base_weights);
@@ -478,12 +479,12 @@ void SplitClient::SaveCheckpoint(int64_t next_step) {
   codec_->SaveHistory();  // a file of its own, of any age: safe with the checkpoint before or after it
   std::ostringstream bytes;
   archive.save_to(bytes);
-  WriteFileAtomically(options_.checkpoint_dir + "/" + options_.client_id + ".pt", bytes.str());
+  WriteFileAtomically(options_.checkpoint_dir + "/" + options_.client_id + ".pt", bytes.str(), options_.env);
 }
 
 int64_t SplitClient::LoadCheckpoint() {
   const std::string path = options_.checkpoint_dir + "/" + options_.client_id + ".pt";
-  if (options_.checkpoint_dir.empty() || !std::filesystem::exists(path)) return 0;
+  if (options_.checkpoint_dir.empty() || !options_.env->FileExists(path)) return 0;
   torch::serialize::InputArchive archive;
   try {
     archive.load_from(path);
@@ -532,7 +533,7 @@ int64_t SplitClient::LoadCheckpoint() {
 }
 
 double SplitClient::Run() {
-  if (!options_.checkpoint_dir.empty()) RequireWritableDirectory(options_.checkpoint_dir, "checkpoint_dir");
+  if (!options_.checkpoint_dir.empty()) RequireWritableDirectory(options_.checkpoint_dir, "checkpoint_dir", options_.env);
   client_next_ = LoadCheckpoint();
   // Resume at the earlier of the two sides: steps the server applied after this client's
   // checkpoint are replayed for the client only, steps the client applied after the server's

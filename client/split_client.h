@@ -34,6 +34,7 @@
 
 #include "client/cut_statistics.h"
 #include "client/transport.h"
+#include "common/base/env.h"
 #include "common/model/batching.h"
 #include "common/text/datasets.h"
 #include "common/model/finetune.h"
@@ -84,6 +85,7 @@ struct ClientOptions {
   bool resume = false;
   bool fresh = false;
   bool progress = true;
+  Env* env = Env::Default();     // checkpoints and the AQ-SGD history go through it (not owned)
 };
 
 struct StepRecord {

@@ -1,8 +1,5 @@
 #include "quant/activation_cache.h"
 
-#include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <functional>
 #include <unordered_set>
 
@@ -13,16 +10,28 @@
 namespace amaq::quant {
 namespace {
 
+// Reads `size` bytes of `file` into `out`; false when the file ends first.
+bool ReadFully(SequentialFile& file, void* out, uint64_t size) {
+  char* p = static_cast<char*>(out);
+  for (size_t n; size > 0; p += n, size -= n) {
+    if ((n = file.Read(p, size)) == 0) return false;
+  }
+  return true;
+}
+
 constexpr uint32_t kFileMagic = 0x43535141;  // "AQSC"
 constexpr uint8_t kFileVersion = 2;
 
 // Reads a cache file front to back, checking each read against the file's end and hashing it.
 class CacheFileReader {
  public:
-  explicit CacheFileReader(const std::string& path) : path_(path), in_(path, std::ios::binary) {
-    std::error_code ec;
-    left_ = std::filesystem::file_size(path, ec);
-    Require(in_.is_open() && !ec, ErrorCode::kNotFound, "AQ-SGD cache file '" + path + "' cannot be read");
+  CacheFileReader(Env& env, const std::string& path) : path_(path) {
+    try {
+      left_ = env.FileSize(path);
+      in_ = env.NewSequentialFile(path);
+    } catch (const Error& e) {
+      throw Error(ErrorCode::kNotFound, "AQ-SGD cache file '" + path + "' cannot be read: " + e.what());
+    }
   }
   template <typename T>
   T Get() {
@@ -32,8 +41,7 @@ class CacheFileReader {
   }
   void Read(void* out, uint64_t size) {
     Require(size <= left_, ErrorCode::kDataLoss, Malformed("it ends early"));
-    in_.read(static_cast<char*>(out), static_cast<std::streamsize>(size));
-    Require(in_.good(), ErrorCode::kDataLoss, Malformed("it could not be read to its end"));
+    Require(ReadFully(*in_, out, size), ErrorCode::kDataLoss, Malformed("it could not be read to its end"));
     hash_.Update(out, size);
     left_ -= size;
   }
@@ -45,7 +53,7 @@ class CacheFileReader {
 
  private:
   std::string path_;
-  std::ifstream in_;
+  std::unique_ptr<SequentialFile> in_;
   uint64_t left_ = 0;
   WireChecksumStream hash_;
 };
@@ -60,8 +68,8 @@ struct FileEntry {
 // Reads the file's entries in order, checking its header and shape as it goes and its checksum at
 // the end: `take` gets each entry as it is read, so a caller that must not act on a corrupted file
 // reads it twice.
-void ReadCacheFile(const std::string& path, const std::function<void(FileEntry&)>& take) {
-  CacheFileReader r(path);
+void ReadCacheFile(Env& env, const std::string& path, const std::function<void(FileEntry&)>& take) {
+  CacheFileReader r(env, path);
   Require(r.Get<uint32_t>() == kFileMagic && r.Get<uint8_t>() == kFileVersion, ErrorCode::kDataLoss,
           r.Malformed("not an AQ-SGD cache file of version " + std::to_string(kFileVersion)));
   const auto entries = r.Get<uint64_t>();
@@ -87,20 +95,14 @@ void ReadCacheFile(const std::string& path, const std::function<void(FileEntry&)
 
 }  // namespace
 
-ActivationCache::ActivationCache(uint64_t memory_limit_bytes, std::string spill_dir)
-    : memory_limit_(memory_limit_bytes), spill_dir_(std::move(spill_dir)) {
-  if (!spill_dir_.empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(spill_dir_, ec);
-    Require(!ec, ErrorCode::kFailedPrecondition,
-            "cannot create the AQ-SGD spill directory '" + spill_dir_ + "': " + ec.message() +
-                "; choose a writable directory");
-  }
+ActivationCache::ActivationCache(uint64_t memory_limit_bytes, std::string spill_dir, Env* env)
+    : memory_limit_(memory_limit_bytes), spill_dir_(std::move(spill_dir)), env_(env) {
+  if (!spill_dir_.empty()) env_->CreateDirs(spill_dir_);
 }
 
 ActivationCache::~ActivationCache() {
   for (const auto& [id, entry] : entries_) {
-    if (entry.on_disk) std::remove(SpillPath(id).c_str());
+    if (entry.on_disk) env_->RemoveFile(SpillPath(id));
   }
 }
 
@@ -123,10 +125,13 @@ std::optional<ActivationCache::Held> ActivationCache::Describe(uint64_t id) cons
 
 void ActivationCache::ReadSpilled(uint64_t id, const Entry& entry, std::vector<float>* values) const {
   const std::string path = SpillPath(id);
-  std::ifstream in(path, std::ios::binary);
   values->resize(entry.bytes / sizeof(float));
-  in.read(reinterpret_cast<char*>(values->data()), static_cast<std::streamsize>(entry.bytes));
-  Require(in.good(), ErrorCode::kDataLoss,
+  bool read = false;
+  try {
+    read = ReadFully(*env_->NewSequentialFile(path), values->data(), entry.bytes);
+  } catch (const Error&) {  // missing: reported below with what it means
+  }
+  Require(read, ErrorCode::kDataLoss,
           "AQ-SGD spill file '" + path + "' is missing or short: the cache entry of sample " + std::to_string(id) +
               " is lost; restart the run's AQ-SGD warm-up");
 }
@@ -138,7 +143,7 @@ std::vector<float>* ActivationCache::Find(uint64_t id) {
   Touch(id, entry);
   if (entry.on_disk) {
     ReadSpilled(id, entry, &entry.values);
-    std::remove(SpillPath(id).c_str());
+    env_->RemoveFile(SpillPath(id));
     entry.on_disk = false;
     stats_.disk_bytes -= entry.bytes;
     stats_.memory_bytes += entry.bytes;
@@ -168,7 +173,7 @@ void ActivationCache::Insert(uint64_t id, std::vector<float> values, int64_t col
   } else {
     Entry& old = it->second;
     if (old.on_disk) {
-      std::remove(SpillPath(id).c_str());
+      env_->RemoveFile(SpillPath(id));
       stats_.disk_bytes -= old.bytes;
     } else {
       stats_.memory_bytes -= old.bytes;
@@ -193,13 +198,15 @@ void ActivationCache::EnforceLimit(uint64_t keep) {
     Entry& entry = entries_.at(*victim);
     if (entry.on_disk || *victim == keep) continue;
     const std::string path = SpillPath(*victim);
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out.write(reinterpret_cast<const char*>(entry.values.data()),
-              static_cast<std::streamsize>(entry.bytes));
-    out.close();
-    Require(out.good(), ErrorCode::kResourceExhausted,
-            "cannot write AQ-SGD spill file '" + path + "' (disk full or not writable): free "
-            "space in the spill directory or raise the cache's memory limit");
+    try {
+      const std::unique_ptr<WritableFile> out = env_->NewWritableFile(path);
+      out->Append(entry.values.data(), entry.bytes);
+      out->Close();
+    } catch (const Error& e) {
+      env_->RemoveFile(path);
+      throw Error(ErrorCode::kResourceExhausted, "cannot write AQ-SGD spill file: " + std::string(e.what()) +
+                                                     "; or raise the cache's memory limit");
+    }
     std::vector<float>().swap(entry.values);
     entry.on_disk = true;
     stats_.memory_bytes -= entry.bytes;
@@ -231,14 +238,14 @@ void ActivationCache::Save(const std::string& path) {
     }
     const uint64_t digest = hash.Digest();
     sink(&digest, sizeof digest);
-  });
+  }, env_);
   changed_ = false;
 }
 
 void ActivationCache::Load(const std::string& path) {
   Require(entries_.empty(), ErrorCode::kInternal, "ActivationCache::Load needs an empty cache");
-  ReadCacheFile(path, [](FileEntry&) {});  // the whole file checked before anything is taken
-  ReadCacheFile(path, [&](FileEntry& e) { Insert(e.id, std::move(e.values), e.cols, e.tag); });
+  ReadCacheFile(*env_, path, [](FileEntry&) {});  // the whole file checked before anything is taken
+  ReadCacheFile(*env_, path, [&](FileEntry& e) { Insert(e.id, std::move(e.values), e.cols, e.tag); });
   changed_ = false;
 }
 

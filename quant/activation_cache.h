@@ -8,7 +8,8 @@
 //
 // Save writes every entry, with its tag, to one file (docs/wire-format.md, "AQ-SGD cache file"),
 // atomically and without loading the spilled ones into memory; Load reads such a file into an
-// empty cache. Both leave the file and the cache consistent on every error.
+// empty cache. Both leave the file and the cache consistent on every error. Every file goes
+// through the cache's Env (common/base/env.h; not owned, must outlive the cache).
 #pragma once
 
 #include <cstdint>
@@ -17,6 +18,8 @@
 #include <string>
 #include <unordered_map>
 #include <vector>
+
+#include "common/base/env.h"
 
 namespace amaq::quant {
 
@@ -30,7 +33,7 @@ struct CacheStats {
 
 class ActivationCache {
  public:
-  ActivationCache(uint64_t memory_limit_bytes, std::string spill_dir);
+  ActivationCache(uint64_t memory_limit_bytes, std::string spill_dir, Env* env = Env::Default());
   ~ActivationCache();  // removes its spill files
   ActivationCache(const ActivationCache&) = delete;
   ActivationCache& operator=(const ActivationCache&) = delete;
@@ -79,6 +82,7 @@ class ActivationCache {
 
   uint64_t memory_limit_;
   std::string spill_dir_;
+  Env* env_;
   std::unordered_map<uint64_t, Entry> entries_;
   std::list<uint64_t> lru_;  // front = most recently used
   CacheStats stats_;

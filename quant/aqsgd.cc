@@ -24,7 +24,7 @@ void PutPart(ByteWriter& w, const Encoded& part) {
 }  // namespace
 
 AqsgdSender::AqsgdSender(AqsgdOptions options)
-    : options_(std::move(options)), cache_(options_.cache_memory_bytes, options_.spill_dir) {
+    : options_(std::move(options)), cache_(options_.cache_memory_bytes, options_.spill_dir, options_.env) {
   Require(options_.bits >= 2 && options_.bits <= kMaxBits, ErrorCode::kInvalidArgument,
           "AQ-SGD delta bits must be 2..8 (symmetric quantization), got " +
               std::to_string(options_.bits));
@@ -113,128 +113,161 @@ Encoded AqsgdSender::Encode(const float* x, const std::vector<uint64_t>& ids,
 }
 
 AqsgdReceiver::AqsgdReceiver(AqsgdOptions options, DecodeLimits limits)
-    : cache_(options.cache_memory_bytes, options.spill_dir), limits_(limits) {}
+    : cache_(options.cache_memory_bytes, options.spill_dir, options.env), limits_(limits) {}
 
-AqsgdDecoded AqsgdReceiver::Decode(const uint8_t* data, size_t size, int64_t expected_rows_per_sample,
-                                   int64_t expected_cols, int64_t expected_samples) {
-  ByteReader r(data, size);
+namespace {
+
+// What an AQ-SGD frame's header says (docs/wire-format.md, "AQ-SGD frame"), checked.
+struct FrameHeader {
+  uint32_t samples = 0;
+  uint64_t rows_per_sample = 0, cols = 0;
+  std::vector<uint64_t> ids, bases;
+  std::vector<uint8_t> flags;
+};
+
+// The frame's shape against the decoder's limit and what the caller expects (-1: any).
+void CheckFrameShape(const FrameHeader& h, const DecodeLimits& limits, int64_t expected_rows_per_sample,
+                     int64_t expected_cols, int64_t expected_samples) {
+  Require(h.rows_per_sample > 0 && h.cols > 0, ErrorCode::kDataLoss,
+          "AQ-SGD frame has samples of " + std::to_string(h.rows_per_sample) + " rows and " + std::to_string(h.cols) +
+              " columns: both must be positive; the message is corrupted");
+  Require(h.rows_per_sample <= limits.max_elements &&
+              h.cols <= limits.max_elements / h.rows_per_sample &&
+              h.samples <= limits.max_elements / (h.rows_per_sample * h.cols),
+          ErrorCode::kResourceExhausted,
+          "AQ-SGD frame shape exceeds the decoder's limit of " +
+              std::to_string(limits.max_elements) + " elements");
+  Require((expected_rows_per_sample < 0 || h.rows_per_sample == static_cast<uint64_t>(expected_rows_per_sample)) &&
+              (expected_cols < 0 || h.cols == static_cast<uint64_t>(expected_cols)) &&
+              (expected_samples < 0 || h.samples == static_cast<uint64_t>(expected_samples)),
+          ErrorCode::kInvalidArgument,
+          "AQ-SGD frame has " + std::to_string(h.samples) + " samples of " + std::to_string(h.rows_per_sample) +
+              " rows and " + std::to_string(h.cols) + " columns, not the expected " + std::to_string(expected_samples) +
+              " of " + std::to_string(expected_rows_per_sample) + " and " + std::to_string(expected_cols) +
+              " (-1: any): send the step's own batch");
+}
+
+// Reads the header of the frame `data` up to its checksum, which it checks.
+FrameHeader ReadFrameHeader(ByteReader& r, const uint8_t* data, const DecodeLimits& limits,
+                            int64_t expected_rows_per_sample, int64_t expected_cols, int64_t expected_samples) {
   Require(r.Get<uint32_t>("magic") == kFrameMagic, ErrorCode::kDataLoss,
           "AQ-SGD frame does not start with 'AQSG': it is not an AQ-SGD message");
   const auto version = r.Get<uint8_t>("version");
   Require(version == kFrameVersion, ErrorCode::kDataLoss,
           "AQ-SGD frame version " + std::to_string(version) + " is not " +
               std::to_string(kFrameVersion) + ": run the same amaq version on both sides");
-  AqsgdDecoded out;
-  const auto samples = r.Get<uint32_t>("samples");
-  const auto rows_per_sample = r.Get<uint64_t>("rows_per_sample");
-  const auto cols = r.Get<uint64_t>("cols");
-  Require(rows_per_sample > 0 && cols > 0, ErrorCode::kDataLoss,
-          "AQ-SGD frame has samples of " + std::to_string(rows_per_sample) + " rows and " + std::to_string(cols) +
-              " columns: both must be positive; the message is corrupted");
-  Require(rows_per_sample <= limits_.max_elements &&
-              cols <= limits_.max_elements / rows_per_sample &&
-              samples <= limits_.max_elements / (rows_per_sample * cols),
-          ErrorCode::kResourceExhausted,
-          "AQ-SGD frame shape exceeds the decoder's limit of " +
-              std::to_string(limits_.max_elements) + " elements");
-  Require((expected_rows_per_sample < 0 || rows_per_sample == static_cast<uint64_t>(expected_rows_per_sample)) &&
-              (expected_cols < 0 || cols == static_cast<uint64_t>(expected_cols)) &&
-              (expected_samples < 0 || samples == static_cast<uint64_t>(expected_samples)),
-          ErrorCode::kInvalidArgument,
-          "AQ-SGD frame has " + std::to_string(samples) + " samples of " + std::to_string(rows_per_sample) +
-              " rows and " + std::to_string(cols) + " columns, not the expected " + std::to_string(expected_samples) +
-              " of " + std::to_string(expected_rows_per_sample) + " and " + std::to_string(expected_cols) +
-              " (-1: any): send the step's own batch");
-  Require(uint64_t{samples} * 17 <= r.remaining(), ErrorCode::kDataLoss,
+  FrameHeader h;
+  h.samples = r.Get<uint32_t>("samples");
+  h.rows_per_sample = r.Get<uint64_t>("rows_per_sample");
+  h.cols = r.Get<uint64_t>("cols");
+  CheckFrameShape(h, limits, expected_rows_per_sample, expected_cols, expected_samples);
+  Require(uint64_t{h.samples} * 17 <= r.remaining(), ErrorCode::kDataLoss,
           "AQ-SGD frame ends inside its sample list: it was truncated; resend it");
-  std::vector<uint8_t> flags(samples);
-  std::vector<uint64_t> bases(samples);
-  out.ids.resize(samples);
-  for (uint32_t i = 0; i < samples; ++i) {
-    out.ids[i] = r.Get<uint64_t>("sample_id");
-    flags[i] = r.Get<uint8_t>("sample_flag");
-    bases[i] = r.Get<uint64_t>("sample_base");
-    Require(flags[i] == kFull || flags[i] == kDelta, ErrorCode::kDataLoss,
+  h.flags.resize(h.samples);
+  h.bases.resize(h.samples);
+  h.ids.resize(h.samples);
+  for (uint32_t i = 0; i < h.samples; ++i) {
+    h.ids[i] = r.Get<uint64_t>("sample_id");
+    h.flags[i] = r.Get<uint8_t>("sample_flag");
+    h.bases[i] = r.Get<uint64_t>("sample_base");
+    Require(h.flags[i] == kFull || h.flags[i] == kDelta, ErrorCode::kDataLoss,
             "AQ-SGD sample flag must be 0 (full) or 1 (delta)");
-    Require(flags[i] == kDelta || bases[i] == 0, ErrorCode::kDataLoss, "AQ-SGD full sample with a base tag");
+    Require(h.flags[i] == kDelta || h.bases[i] == 0, ErrorCode::kDataLoss, "AQ-SGD full sample with a base tag");
   }
   const size_t header_end = r.position();
   const auto header_checksum = r.Get<uint64_t>("header_checksum");
 #ifndef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION  // tests/fuzz: reach the checks behind it
   Require(header_checksum == WireChecksum(data, header_end), ErrorCode::kDataLoss,
           "AQ-SGD frame header checksum mismatch: it was corrupted in transit; resend it");
+#else
+  (void)header_checksum;
+  (void)data;
 #endif
-  Require(std::unordered_set<uint64_t>(out.ids.begin(), out.ids.end()).size() == out.ids.size(),
+  Require(std::unordered_set<uint64_t>(h.ids.begin(), h.ids.end()).size() == h.ids.size(),
           ErrorCode::kDataLoss, "AQ-SGD frame repeats a sample id");
+  return h;
+}
 
+// One part of a frame, which must have exactly the rows its samples declare (checked before it is
+// decompressed). A part of other rows or columns (the decoder's kInvalidArgument), or one that
+// decodes to non-finite values, is a malformed frame.
+Decoded DecodeFramePart(const DecodeLimits& limits, const uint8_t* bytes, uint64_t part_size, size_t part_samples,
+                        const FrameHeader& h, const char* name) {
+  Decoded part;
+  try {
+    Decoder(limits).Decode(bytes, part_size, &part,
+                           ExpectedShape{static_cast<int64_t>(part_samples * h.rows_per_sample), static_cast<int64_t>(h.cols)});
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kInvalidArgument) throw;
+    throw Error(ErrorCode::kDataLoss,
+                std::string("AQ-SGD frame's ") + name + " part is invalid (" + e.what() + "): the message is corrupted");
+  }
+  return part;
+}
+
+// Which samples keep the entry this frame (tagged `tag`) set already: a frame decoded again. A
+// delta must add to the entry it was computed against, of exactly the frame's shape.
+std::vector<bool> CheckDeltaBases(const ActivationCache& cache, const FrameHeader& h, uint64_t tag) {
+  std::vector<bool> taken(h.samples);
+  for (uint32_t i = 0; i < h.samples; ++i) {
+    const std::optional<ActivationCache::Held> held = cache.Describe(h.ids[i]);
+    const bool same_shape = held && held->rows == static_cast<int64_t>(h.rows_per_sample) &&
+                            held->cols == static_cast<int64_t>(h.cols);
+    taken[i] = same_shape && held->tag == tag;
+    if (taken[i] || h.flags[i] == kFull) continue;
+    const std::string sample = "AQ-SGD delta for sample " + std::to_string(h.ids[i]);
+    Require(held && held->tag == h.bases[i], ErrorCode::kFailedPrecondition,
+            sample + (held ? " builds on another entry than this receiver's" : " but this receiver holds no entry for it") +
+                " (a restart from an older checkpoint, or a lost frame): the sender must send the step's samples in full");
+    Require(same_shape, ErrorCode::kFailedPrecondition,
+            sample + " is " + std::to_string(h.rows_per_sample) + " x " + std::to_string(h.cols) +
+                " but the entry it adds to is " + std::to_string(held->rows) + " x " + std::to_string(held->cols) +
+                " (the sample's shape changed): the sender must send it in full");
+  }
+  return taken;
+}
+
+}  // namespace
+
+AqsgdDecoded AqsgdReceiver::Decode(const uint8_t* data, size_t size, int64_t expected_rows_per_sample,
+                                   int64_t expected_cols, int64_t expected_samples) {
+  ByteReader r(data, size);
+  const FrameHeader h = ReadFrameHeader(r, data, limits_, expected_rows_per_sample, expected_cols, expected_samples);
   const auto full_size = r.Get<uint64_t>("full_part_size");
   const uint8_t* full_bytes = r.Take(full_size, "full_part");
   const auto delta_size = r.Get<uint64_t>("delta_part_size");
   const uint8_t* delta_bytes = r.Take(delta_size, "delta_part");
   Require(r.remaining() == 0, ErrorCode::kDataLoss, "AQ-SGD frame has trailing bytes");
   size_t full_samples = 0;
-  for (uint8_t f : flags) full_samples += f == kFull;
-  const size_t delta_samples = samples - full_samples;
-  // Each part must have exactly the rows its samples declare (checked before it is decompressed).
-  const auto part_shape = [&](size_t part_samples) {
-    return ExpectedShape{static_cast<int64_t>(part_samples * rows_per_sample), static_cast<int64_t>(cols)};
-  };
-  // A part of other rows or columns than its samples' (the decoder's kInvalidArgument), or one that
-  // decodes to non-finite values, is a malformed frame.
-  const auto decode_part = [&](const uint8_t* bytes, uint64_t part_size, size_t part_samples, const char* name) {
-    Decoded part;
-    try {
-      Decoder(limits_).Decode(bytes, part_size, &part, part_shape(part_samples));
-    } catch (const Error& e) {
-      if (e.code() != ErrorCode::kInvalidArgument) throw;
-      throw Error(ErrorCode::kDataLoss,
-                  std::string("AQ-SGD frame's ") + name + " part is invalid (" + e.what() + "): the message is corrupted");
-    }
-    return part;
-  };
-  const Decoded full = decode_part(full_bytes, full_size, full_samples, "full");
-  const Decoded delta = decode_part(delta_bytes, delta_size, delta_samples, "delta");
-
-  out.rows_per_sample = static_cast<int64_t>(rows_per_sample);
-  out.cols = static_cast<int64_t>(cols);
-  const size_t sample_size = rows_per_sample * cols;
+  for (uint8_t f : h.flags) full_samples += f == kFull;
+  const Decoded full = DecodeFramePart(limits_, full_bytes, full_size, full_samples, h, "full");
+  const Decoded delta = DecodeFramePart(limits_, delta_bytes, delta_size, h.samples - full_samples, h, "delta");
   Require(IsFloatScheme(full.scheme) && delta.scheme == Scheme::kSymmetric && delta.granularity == Granularity::kChannel &&
               delta.bits.layout == BitsLayout::kUniform,
           ErrorCode::kDataLoss,
           "an AQ-SGD frame's full part must be a float message and its delta part symmetric per channel with one "
           "width: the message is corrupted");
-  // A sample whose entry this frame set already (a frame decoded again) keeps it; a delta must add
-  // to the entry it was computed against, of exactly the frame's shape.
   const uint64_t tag = WireChecksum(data, size);
-  std::vector<bool> taken(samples);
-  for (uint32_t i = 0; i < samples; ++i) {
-    const std::optional<ActivationCache::Held> held = cache_.Describe(out.ids[i]);
-    const bool same_shape = held && held->rows == out.rows_per_sample && held->cols == out.cols;
-    taken[i] = same_shape && held->tag == tag;
-    if (taken[i] || flags[i] == kFull) continue;
-    const std::string sample = "AQ-SGD delta for sample " + std::to_string(out.ids[i]);
-    Require(held && held->tag == bases[i], ErrorCode::kFailedPrecondition,
-            sample + (held ? " builds on another entry than this receiver's" : " but this receiver holds no entry for it") +
-                " (a restart from an older checkpoint, or a lost frame): the sender must send the step's samples in full");
-    Require(same_shape, ErrorCode::kFailedPrecondition,
-            sample + " is " + std::to_string(out.rows_per_sample) + " x " + std::to_string(out.cols) +
-                " but the entry it adds to is " + std::to_string(held->rows) + " x " + std::to_string(held->cols) +
-                " (the sample's shape changed): the sender must send it in full");
-  }
+  const std::vector<bool> taken = CheckDeltaBases(cache_, h, tag);
 
-  out.values.resize(samples * sample_size);
+  AqsgdDecoded out;
+  out.ids = h.ids;
+  out.rows_per_sample = static_cast<int64_t>(h.rows_per_sample);
+  out.cols = static_cast<int64_t>(h.cols);
+  const size_t sample_size = h.rows_per_sample * h.cols;
+  out.values.resize(h.samples * sample_size);
   size_t full_at = 0, delta_at = 0;
-  for (uint32_t i = 0; i < samples; ++i) {
+  for (uint32_t i = 0; i < h.samples; ++i) {
     std::vector<float> m;
     if (taken[i]) {
       m = *cache_.Find(out.ids[i]);
-    } else if (flags[i] == kFull) {
+    } else if (h.flags[i] == kFull) {
       m.assign(full.values.begin() + full_at, full.values.begin() + full_at + sample_size);
     } else {
       m = *cache_.Find(out.ids[i]);
       for (size_t k = 0; k < sample_size; ++k) m[k] += delta.values[delta_at + k];
     }
-    (flags[i] == kFull ? full_at : delta_at) += sample_size;
+    (h.flags[i] == kFull ? full_at : delta_at) += sample_size;
     std::copy(m.begin(), m.end(), out.values.begin() + static_cast<long>(i * sample_size));
     if (!taken[i]) cache_.Insert(out.ids[i], std::move(m), out.cols, tag);
   }

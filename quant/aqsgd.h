@@ -31,6 +31,7 @@ struct AqsgdOptions {
   Scheme warmup_scheme = Scheme::kBFloat16;     // first visit of a sample: fp32, bf16 or fp16
   uint64_t cache_memory_bytes = uint64_t{1} << 30;
   std::string spill_dir;                        // empty: no spilling (the limit is then hard)
+  Env* env = Env::Default();                    // the cache's files (not owned)
   bool zstd = false;
 };
 

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "common/base/env.h"
 #include "common/base/error.h"
 #include "quant/codec.h"
 
@@ -37,6 +38,7 @@ struct CodecContext {
   uint64_t cache_bytes = uint64_t{1} << 30;
   std::string spill_dir;     // empty: no spilling
   std::string history_file;  // where SaveHistory and LoadHistory keep it; empty: nowhere
+  Env* env = Env::Default(); // the files of the codec's history and cache (not owned)
 };
 
 // The rows of a training activation: samples * tokens of them, sample after sample.

@@ -5,60 +5,17 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <deque>
-#include <filesystem>
 #include <functional>
 #include <numeric>
 #include <set>
-#include <sstream>
 
-#include "common/base/atomic_file.h"
-#include "common/model/archive_check.h"
-#include "common/model/checkpoint.h"
 #include "common/base/error.h"
+#include "common/model/checkpoint.h"
 #include "common/model/evaluate.h"
-#include "quant/checksum.h"
 #include "common/model/lora_row_groups.h"
 #include "server/step_cost.h"
 
 namespace amaq::server {
-
-struct SplitServer::LoraState {
-  std::vector<torch::Tensor> values;  // leaves that require gradients, in TrainableParameters() order
-  std::unique_ptr<torch::optim::AdamW> optimizer;  // over values
-};
-
-struct SplitServer::Session {
-  std::string client_id;
-  std::string method_text;                  // canonical; empty until the first Join
-  std::string run;                          // JoinInfo::run of the run it holds; empty: none given yet
-  std::unique_ptr<quant::ServerCodec> codec;
-  std::unique_ptr<LoraState> own;           // per-client LoRA (null when shared)
-  int64_t last_applied = -1;
-  // The answers to the parts of the last two applied steps (a client one step stale has two in
-  // flight), oldest first, kept to answer a retry of them: the replies, and the raw gradients,
-  // encoded again on the current stream (a rejoined client's decoder does not know the old
-  // stream's bits table).
-  struct Answers {
-    int64_t step;
-    std::vector<StepResult> replies;
-    std::vector<torch::Tensor> gradients;  // fp32, CPU, [rows, hidden]
-  };
-  std::deque<Answers> applied;
-  // The step whose parts are arriving (-1: none): the parts so far have added their gradients to
-  // the LoRA's and are answered (their answers kept as above); partial_loss sums their losses.
-  int64_t partial_step = -1;
-  int32_t partial_parts = 0;
-  std::vector<StepResult> partial_replies;
-  std::vector<torch::Tensor> partial_gradients;
-  float partial_loss = 0;
-  Clock::time_point last_step_at{};         // of the last applied TRAIN step
-  Clock::time_point last_seen = Clock::now();  // of the last call of this client (session_ttl_seconds)
-  ClientStats stats;
-  // NEXT_TOKEN steps with a decoding cache: the server part's keys and values of the sequences
-  // being decoded (started by START_CACHE; dropped by any other step, a rejoin, or a failure).
-  std::unique_ptr<KvCache> decode_cache;
-};
 
 namespace {
 
@@ -74,30 +31,8 @@ torch::Device PickDevice(const std::string& wanted) {
   return torch::Device(torch::kCPU);
 }
 
-std::string CheckpointPath(const ServerOptions& o) { return o.checkpoint_dir + "/server.pt"; }
-
-std::string SessionsDir(const ServerOptions& o) { return o.checkpoint_dir + "/sessions"; }
-std::string HistoriesDir(const ServerOptions& o) { return o.checkpoint_dir + "/histories"; }
-
-// A client's file in `dir`: named by the XXH3 of its id, which may hold any character.
-std::string SessionFile(const std::string& dir, const std::string& client_id, const char* extension) {
-  char name[17];
-  std::snprintf(name, sizeof name, "%016llx",
-                static_cast<unsigned long long>(quant::WireChecksum(reinterpret_cast<const uint8_t*>(client_id.data()), client_id.size())));
-  return dir + "/" + name + extension;
-}
-
-uint64_t Bytes(const torch::Tensor& t) { return t.defined() ? static_cast<uint64_t>(t.nbytes()) : 0; }
-
-// The bytes of a decoding cache's keys, values and mask (0 for none).
-uint64_t HeldBytes(const KvCache* cache) {
-  if (!cache) return 0;
-  uint64_t total = Bytes(cache->seen);
-  for (const LayerKv& layer : cache->layers) total += Bytes(layer.keys) + Bytes(layer.values);
-  return total;
-}
-
 }  // namespace
+
 
 SplitServer::SplitServer(ServerOptions options) : options_(std::move(options)) {
   config_ = ModelConfig::Load(options_.model_dir + "/config.json");
@@ -122,11 +57,12 @@ SplitServer::SplitServer(ServerOptions options) : options_(std::move(options)) {
   part_->AddLora(options_.lora, options_.seed);
   part_->to(device_);
   const NamedTensors named_lora = part_->LoraParameters();
+  std::vector<torch::Tensor> initial_lora;  // the seeded start of every LoRA the sessions train
   for (const auto& p : part_->TrainableParameters()) {
     for (const auto& [name, tensor] : named_lora) {
       if (tensor.is_same(p)) lora_names_.push_back(name);
     }
-    initial_lora_.push_back(p.detach().clone());
+    initial_lora.push_back(p.detach().clone());
   }
   // The client's layers [0, cut) carry the same LoRA tensors as the server's first layer.
   const std::string first = "model.layers." + std::to_string(options_.cut_layer) + ".";
@@ -136,14 +72,7 @@ SplitServer::SplitServer(ServerOptions options) : options_(std::move(options)) {
       client_lora_shapes_["model.layers." + std::to_string(layer) + "." + name.substr(first.size())] = tensor.sizes().vec();
     }
   }
-  if (options_.shared_lora) shared_ = NewLoraState();
-  Require(options_.session_ttl_seconds <= 0 || !options_.checkpoint_dir.empty(), ErrorCode::kInvalidArgument,
-          "session_ttl_seconds is set without a checkpoint_dir: evicted sessions are kept there; set checkpoint_dir, "
-          "or session_ttl_seconds: 0");
-  if (!options_.checkpoint_dir.empty()) {
-    RequireWritableDirectory(options_.checkpoint_dir, "checkpoint_dir");
-    if (std::filesystem::exists(CheckpointPath(options_))) LoadCheckpoint();
-  }
+  store_ = std::make_unique<SessionStore>(options_, config_, std::move(initial_lora));
   spdlog::info("server part: layers [{}, {}) + head of {} on {}, {} base weights ({:.1f} MB), {} LoRA tensors, "
                "fingerprint {}", options_.cut_layer, config_.num_hidden_layers, options_.model_dir, device_name_,
                options_.base_weights, part_->BaseWeightBytes() / 1e6, lora_names_.size(), fingerprint_);
@@ -161,15 +90,6 @@ StepShapeLimits SplitServer::step_limits() const {
   return limits;
 }
 
-std::unique_ptr<SplitServer::LoraState> SplitServer::NewLoraState() {
-  auto lora = std::make_unique<LoraState>();
-  for (const auto& t : initial_lora_) lora->values.push_back(t.clone().requires_grad_(true));
-  lora->optimizer = std::make_unique<torch::optim::AdamW>(lora->values, torch::optim::AdamWOptions(options_.lr).weight_decay(0.0));
-  return lora;
-}
-
-SplitServer::LoraState& SplitServer::LoraOf(Session& s) { return s.own ? *s.own : *shared_; }
-
 int64_t SplitServer::Join(const std::string& client_id, const std::string& fingerprint, int64_t cut_layer,
                           const std::string& method, const std::string& run, RunStart start) {
   Require(!client_id.empty() && client_id.size() <= 128, ErrorCode::kInvalidArgument,
@@ -186,90 +106,11 @@ int64_t SplitServer::Join(const std::string& client_id, const std::string& finge
           "a run of " + std::to_string(run.size()) + " bytes: at most 1024 (docs/protocol.md, \"Runs\")");
   const std::unique_ptr<quant::Method> parsed = quant::Method::Parse(method);
   if (start != RunStart::kFresh) {
-    std::lock_guard<std::mutex> lock(sessions_mutex_);
-    if (!sessions_.count(client_id)) return JoinLocked(client_id, *parsed, run, start);  // a session not in memory is in no step
+    if (const std::optional<int64_t> last = store_->JoinAbsent(client_id, *parsed, run, start)) return *last;
   }
   std::lock_guard<std::mutex> step(step_mutex_);
-  bool forgot = false;
-  if (start == RunStart::kFresh) {
-    std::lock_guard<std::mutex> lock(sessions_mutex_);
-    forgot = ForgetLocked(client_id);
-  }
-  if (forgot) CheckpointLocked();  // the last checkpoint still holds what was discarded
-  std::lock_guard<std::mutex> lock(sessions_mutex_);
-  return JoinLocked(client_id, *parsed, run, start);
-}
-
-bool SplitServer::ForgetLocked(const std::string& client_id) {
-  const auto it = sessions_.find(client_id);
-  const int64_t steps = it == sessions_.end() ? 0 : it->second->stats.steps;
-  bool had = it != sessions_.end();
-  if (had) sessions_.erase(it);
-  published_.erase(client_id);
-  for (const std::string& path : {options_.checkpoint_dir.empty() ? std::string() : EvictedPath(client_id),
-                                  CodecContextFor(client_id).history_file}) {
-    std::error_code ec;
-    if (!path.empty() && std::filesystem::remove(path, ec)) had = true;
-  }
-  if (had) spdlog::info("client {}: a fresh run: its stored session ({} steps applied) is discarded", client_id, steps);
-  return had;
-}
-
-int64_t SplitServer::JoinLocked(const std::string& client_id, const quant::Method& method, const std::string& run, RunStart start) {
-  const std::string canonical = method.ToString();
-  auto it = sessions_.find(client_id);
-  if (it == sessions_.end()) {
-    std::unique_ptr<Session> session = LoadEvicted(client_id);
-    if (!session) {
-      session = std::make_unique<Session>();
-      session->client_id = client_id;
-      if (!options_.shared_lora) session->own = NewLoraState();
-    }
-    it = sessions_.emplace(client_id, std::move(session)).first;
-  }
-  Session& s = *it->second;
-  s.last_seen = Clock::now();
-  if (!run.empty() && !s.run.empty() && s.run != run && start == RunStart::kContinue) {
-    throw Error(ErrorCode::kFailedPrecondition,
-                "client " + client_id + ": the server holds another run of this client (" + std::to_string(s.stats.steps) +
-                    " steps applied): " + RunMismatch(s.run, run) + "; or use another client_id");
-  }
-  Require(s.method_text.empty() || s.method_text == canonical, ErrorCode::kInvalidArgument,
-          "client " + client_id + " trained with method " + s.method_text + " and now asks for " + canonical +
-              ": keep the method, set fresh: true to discard the stored run, or use a new client_id");
-  if (!run.empty()) s.run = run;
-  if (!s.codec) s.codec = method.MakeServerCodec(CodecContextFor(client_id));
-  s.method_text = canonical;
-  s.codec->Reset();  // a (re)joining client starts fresh codec streams; AQ-SGD caches survive
-  s.decode_cache.reset();
-  PublishLocked(s);
-  spdlog::info("client {} joined: method {}, last applied step {}", client_id, s.method_text, s.last_applied);
-  return s.last_applied;
-}
-
-void SplitServer::PublishLocked(const Session& s) {
-  ClientStats& shown = published_[s.client_id];
-  shown = s.stats;
-  shown.method = s.method_text;
-}
-
-SplitServer::Session& SplitServer::SessionOf(const std::string& client_id) {
-  std::lock_guard<std::mutex> lock(sessions_mutex_);
-  const auto it = sessions_.find(client_id);
-  Require(it != sessions_.end() && !it->second->method_text.empty(), ErrorCode::kFailedPrecondition,
-          "client " + client_id + " has not joined, or its session was evicted after session_ttl_seconds idle: call Join "
-          "(it resumes an evicted session)");
-  it->second->last_seen = Clock::now();
-  return *it->second;
-}
-
-quant::CodecContext SplitServer::CodecContextFor(const std::string& client_id) const {
-  quant::CodecContext context;
-  context.channels = config_.hidden_size;
-  context.cache_bytes = static_cast<uint64_t>(options_.aqsgd_cache_mb) << 20;
-  if (!options_.aqsgd_spill_dir.empty()) context.spill_dir = SessionFile(options_.aqsgd_spill_dir, client_id, "");
-  if (!options_.checkpoint_dir.empty()) context.history_file = SessionFile(HistoriesDir(options_), client_id, ".aqsgd");
-  return context;
+  if (start == RunStart::kFresh) store_->Forget(client_id);
+  return store_->Join(client_id, *parsed, run, start);
 }
 
 struct SplitServer::Admitted {
@@ -299,7 +140,7 @@ void SplitServer::StepBatch(std::vector<BatchEntry>& batch) {
     try {
       Require(clients.insert(e.client_id).second, ErrorCode::kInternal,
               "two steps of client " + e.client_id + " in one batch: batch at most one step per client");
-      Session& s = SessionOf(e.client_id);
+      Session& s = store_->Joined(e.client_id);
       touched.push_back(&s);
       const StepInput& in = *e.input;
       if (in.cache == DecodeCache::kNone) s.decode_cache.reset();
@@ -310,7 +151,7 @@ void SplitServer::StepBatch(std::vector<BatchEntry>& batch) {
       }
       const StepCost cost = AdmitCost(s, in);
       const bool replay = Admit(s, in, started);
-      KeepSessionsWithinBudget(in_batch, s, in, cost);
+      store_->KeepWithinBudget(in_batch, s, in, AddedBytes(s, in, cost));
       Received received;
       torch::Tensor activation = Decode(s, in, &received);
       if (in.kind != StepKind::kTrain) {
@@ -337,11 +178,7 @@ void SplitServer::StepBatch(std::vector<BatchEntry>& batch) {
     std::vector<Admitted> one{std::move(replay)};
     train_batch(one, true);
   }
-  std::lock_guard<std::mutex> lock(sessions_mutex_);
-  for (const Session* s : touched) PublishLocked(*s);
-  uint64_t bytes = 0;
-  for (const auto& [id, s] : sessions_) bytes += SessionBytes(*s);
-  sessions_bytes_ = bytes;
+  store_->Publish(touched);
 }
 
 std::optional<StepResult> SplitServer::AnswerRetry(Session& s, const StepInput& in) {
@@ -363,6 +200,13 @@ std::optional<StepResult> SplitServer::AnswerRetry(Session& s, const StepInput& 
   return again;
 }
 
+uint64_t SplitServer::AddedBytes(const Session& s, const StepInput& in, const StepCost& cost) const {
+  const uint64_t cached = SessionStore::HeldBytes(s.decode_cache.get());  // the decoding cache this step replaces or extends
+  const uint64_t rows = static_cast<uint64_t>(in.batch * in.tokens), row = static_cast<uint64_t>(config_.hidden_size) * 4;
+  const uint64_t stored = in.kind == StepKind::kTrain ? rows * row * (s.codec->memory_bytes() > 0 ? 2 : 1) : 0;
+  return (cost.kept_bytes > cached ? cost.kept_bytes - cached : 0) + stored;
+}
+
 StepCost SplitServer::AdmitCost(const Session& s, const StepInput& in) const {
   const int64_t server_layers = config_.num_hidden_layers - options_.cut_layer;
   const bool extends = in.cache == DecodeCache::kExtend && s.decode_cache;
@@ -379,57 +223,6 @@ StepCost SplitServer::AdmitCost(const Session& s, const StepInput& in) const {
               " in its decoding cache, over the limit of " + mib(client_budget_) +
               " per client (max_client_memory_mb): decode shorter sequences or fewer rows, or raise the limit");
   return cost;
-}
-
-uint64_t SplitServer::SessionBytes(const Session& s) const {
-  uint64_t total = (s.codec ? s.codec->memory_bytes() : 0) + HeldBytes(s.decode_cache.get());
-  for (const Session::Answers& a : s.applied) {
-    for (const torch::Tensor& g : a.gradients) total += Bytes(g);
-  }
-  for (const torch::Tensor& g : s.partial_gradients) total += Bytes(g);
-  if (s.own) {
-    for (const torch::Tensor& v : s.own->values) total += 3 * Bytes(v);  // the values and AdamW's two moments
-  }
-  return total;
-}
-
-void SplitServer::KeepSessionsWithinBudget(const std::set<std::string>& batch, const Session& s, const StepInput& in,
-                                           const StepCost& cost) {
-  if (options_.max_sessions_memory_mb <= 0) return;
-  const auto budget = static_cast<uint64_t>(options_.max_sessions_memory_mb * (1 << 20));
-  const uint64_t cached = HeldBytes(s.decode_cache.get());  // the decoding cache this step replaces or extends
-  const uint64_t rows = static_cast<uint64_t>(in.batch * in.tokens), row = static_cast<uint64_t>(config_.hidden_size) * 4;
-  const uint64_t stored = in.kind == StepKind::kTrain ? rows * row * (s.codec->memory_bytes() > 0 ? 2 : 1) : 0;
-  const uint64_t adds = (cost.kept_bytes > cached ? cost.kept_bytes - cached : 0) + stored;
-  std::unique_lock<std::mutex> lock(sessions_mutex_);
-  uint64_t total = 0, movable = 0;
-  std::vector<std::pair<Clock::time_point, std::string>> others;  // sessions that may move to disk
-  for (const auto& [id, other] : sessions_) {
-    const uint64_t bytes = SessionBytes(*other);
-    total += bytes;
-    if (!batch.count(id) && other->partial_step < 0) {  // not amid a step sent in parts
-      others.emplace_back(other->last_seen, id);
-      movable += bytes;
-    }
-  }
-  if (total + adds <= budget) return;
-  std::sort(others.begin(), others.end());
-  const auto mib = [](uint64_t b) { return std::to_string((b + (1 << 20) - 1) >> 20) + " MiB"; };
-  const std::string over = "the server's sessions hold " + mib(total) + " and step " + std::to_string(in.step_id) +
-                           " of client " + s.client_id + " adds about " + mib(adds) + ", over max_sessions_memory_mb (" +
-                           mib(budget) + ")";
-  Require(!options_.checkpoint_dir.empty(), ErrorCode::kResourceExhausted,
-          over + ", and without checkpoint_dir no session can move to disk: raise max_sessions_memory_mb or set checkpoint_dir "
-                 "(the step was not applied; send it again later)");
-  Require(total - movable + adds <= budget, ErrorCode::kResourceExhausted,
-          over + " even with every other session on disk: raise max_sessions_memory_mb, or send fewer rows or shorter "
-                 "sequences (the step was not applied)");
-  for (size_t i = 0; total + adds > budget; ++i) {
-    total -= SessionBytes(*sessions_.at(others[i].second));
-    EvictLocked(others[i].second, "to keep max_sessions_memory_mb");
-  }
-  lock.unlock();
-  TryCheckpointLocked();  // without them (until it succeeds, their files are the newer state)
 }
 
 bool SplitServer::Admit(const Session& s, const StepInput& in, Clock::time_point now) const {
@@ -482,7 +275,7 @@ torch::Tensor StepTensor(const std::vector<int32_t>& values, const StepInput& in
 
 StepResult SplitServer::Evaluate(Session& s, const StepInput& in, const torch::Tensor& activation) {
   torch::NoGradGuard no_grad;
-  const LoraRowGroups lora(part_, {0, in.batch}, {&LoraOf(s).values});
+  const LoraRowGroups lora(part_, {0, in.batch}, {&store_->LoraOf(s).values});
   part_->eval();
   const torch::Tensor mask = StepTensor(in.mask, in, device_);
   const torch::Tensor x = activation.to(device_, part_->compute_dtype());
@@ -540,89 +333,26 @@ torch::Tensor PadTokens(const torch::Tensor& values, int64_t tokens, double fill
 
 }  // namespace
 
-void SplitServer::TrainBatch(std::vector<Admitted>& steps, Clock::time_point started, bool replays) {
-  // Rows of every step, padded at the end to the longest (masked, unlabelled: a causal model's
-  // earlier tokens never see them).
-  int64_t tokens = 0;
-  for (const Admitted& a : steps) tokens = std::max(tokens, a.entry->input->tokens);
-  std::vector<torch::Tensor> xs, masks, labels;
+struct SplitServer::Forward {
+  torch::Tensor x;           // every step's activation, padded: a leaf whose gradient is the cut's
+  torch::Tensor hidden;      // the layers' output for every row, before the final norm and head
+  torch::Tensor head_input;  // hidden, detached: the head's and the losses' backward ends here
+  torch::Tensor labels;
   std::vector<int64_t> row_starts{0};
-  std::vector<const std::vector<torch::Tensor>*> adapters;
-  for (const Admitted& a : steps) {
-    const StepInput& in = *a.entry->input;
-    xs.push_back(PadTokens(a.activation, tokens, 0));
-    masks.push_back(PadTokens(StepTensor(in.mask, in, torch::kCPU), tokens, 0));
-    labels.push_back(PadTokens(StepTensor(in.labels, in, torch::kCPU), tokens, -100));
-    row_starts.push_back(row_starts.back() + in.batch);
-    adapters.push_back(&LoraOf(*a.session).values);
-  }
-  const torch::Tensor x = torch::cat(xs).to(device_, part_->compute_dtype()).detach().requires_grad_(true);
-  xs.clear();
-  part_->train();
-  torch::Tensor hidden;  // the layers' output for every row, before the final norm and head
-  {
-    const LoraRowGroups lora(part_, row_starts, adapters);
-    hidden = part_->Body(x, torch::cat(masks).to(device_));
-  }
-  // The head, loss and their backward one step at a time, into the gradient of the layers' output:
-  // only one step's logits are held at once, and only at its labelled positions (AtLabels).
-  const torch::Tensor head_input = hidden.detach().requires_grad_(true);
-  const torch::Tensor all_labels = torch::cat(labels).to(device_);
-  // A step's parts add their gradients up: they are cleared at its first part (and for replays,
-  // which apply nothing; a replay also abandons a step whose parts were arriving).
-  for (const Admitted& a : steps) {
-    Session& s = *a.session;
-    if (replays || a.entry->input->micro_batch == 0) {
-      LoraOf(s).optimizer->zero_grad();
-      s.partial_step = replays ? -1 : a.entry->input->step_id;
-      s.partial_parts = a.entry->input->micro_batches;
-      s.partial_replies.clear();
-      s.partial_gradients.clear();
-      s.partial_loss = 0;
-    }
-  }
   // Step i's rows of a batch tensor, without the padding.
-  const auto rows = [&](const torch::Tensor& t, size_t i) {
+  torch::Tensor Rows(const torch::Tensor& t, const std::vector<Admitted>& steps, size_t i) const {
     return t.slice(0, row_starts[i], row_starts[i + 1]).slice(1, 0, steps[i].entry->input->tokens);
-  };
-  std::vector<LoraState*> trained;  // each LoRA with a step of finite loss, once, in the order of the steps
+  }
+};
+
+void SplitServer::TrainBatch(std::vector<Admitted>& steps, Clock::time_point started, bool replays) {
+  Forward f = RunForward(steps);
+  StartSteps(steps, replays);
   std::vector<bool> finite(steps.size(), false);
-  for (size_t i = 0; i < steps.size(); ++i) {
-    const StepInput& in = *steps[i].entry->input;
-    const torch::Tensor step_labels = rows(all_labels, i);
-    torch::Tensor loss = NextTokenLoss(part_->Head(AtLabels(rows(head_input, i), step_labels)), step_labels);
-    if (in.loss_scale != 1) loss = loss * in.loss_scale;
-    StepResult& result = steps[i].entry->result;
-    result.step_id = in.step_id;
-    result.duplicate = replays;
-    result.loss = loss.item<float>();
-    if (!std::isfinite(result.loss)) {
-      steps[i].session->partial_step = -1;  // its parts must come again from the first
-      steps[i].entry->error = std::make_exception_ptr(
-          Error(ErrorCode::kInvalidArgument, "the loss of step " + std::to_string(in.step_id) +
-                                                 " is not finite: training diverged; lower the learning rates"));
-      continue;
-    }
-    finite[i] = true;
-    loss.backward();
-    LoraState* lora = &LoraOf(*steps[i].session);
-    const bool last_part = in.micro_batch == in.micro_batches - 1;
-    if (last_part && std::find(trained.begin(), trained.end(), lora) == trained.end()) trained.push_back(lora);
-  }
-  if (std::none_of(finite.begin(), finite.end(), [](bool f) { return f; })) return;
-  hidden.backward(head_input.grad());
-  const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
-  std::vector<torch::Tensor> gradients(steps.size());
-  for (size_t i = 0; i < steps.size(); ++i) {
-    if (!finite[i]) continue;
-    const StepInput& in = *steps[i].entry->input;
-    Session& s = *steps[i].session;
-    gradients[i] = rows(x.grad(), i).reshape({in.batch * in.tokens, config_.hidden_size}).to(torch::kCPU, torch::kFloat).contiguous();
-    StepResult& result = steps[i].entry->result;
-    result.gradient = s.codec->EncodeGradient(gradients[i].data_ptr<float>(), gradients[i].size(0), gradients[i].size(1)).bytes;
-    result.server_seconds = seconds;
-    s.stats.gradient_bytes += result.gradient.size();  // sent, applied or not
-  }
+  const std::vector<LoraState*> trained = Losses(steps, f, replays, &finite);
+  if (std::none_of(finite.begin(), finite.end(), [](bool ok) { return ok; })) return;
+  f.hidden.backward(f.head_input.grad());
+  std::vector<torch::Tensor> gradients = Answer(steps, f, finite, started);
   if (replays) return;
   for (LoraState* lora : trained) {
     if (options_.max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(lora->values, options_.max_grad_norm);
@@ -640,7 +370,97 @@ void SplitServer::TrainBatch(std::vector<Admitted>& steps, Clock::time_point sta
     s.partial_loss += steps[i].entry->result.loss;
     if (in.micro_batch == in.micro_batches - 1) Commit(s, in, steps[i].received, started);
   }
-  if (!trained.empty()) CheckpointIfDue();  // once a step commits: a failed one retries at the next step, not part
+  if (!trained.empty()) store_->CheckpointIfDue();  // once a step commits: a failed one retries at the next step, not part
+}
+
+SplitServer::Forward SplitServer::RunForward(const std::vector<Admitted>& steps) {
+  // Rows of every step, padded at the end to the longest (masked, unlabelled: a causal model's
+  // earlier tokens never see them).
+  int64_t tokens = 0;
+  for (const Admitted& a : steps) tokens = std::max(tokens, a.entry->input->tokens);
+  Forward f;
+  std::vector<torch::Tensor> xs, masks, labels;
+  std::vector<const std::vector<torch::Tensor>*> adapters;
+  for (const Admitted& a : steps) {
+    const StepInput& in = *a.entry->input;
+    xs.push_back(PadTokens(a.activation, tokens, 0));
+    masks.push_back(PadTokens(StepTensor(in.mask, in, torch::kCPU), tokens, 0));
+    labels.push_back(PadTokens(StepTensor(in.labels, in, torch::kCPU), tokens, -100));
+    f.row_starts.push_back(f.row_starts.back() + in.batch);
+    adapters.push_back(&store_->LoraOf(*a.session).values);
+  }
+  f.x = torch::cat(xs).to(device_, part_->compute_dtype()).detach().requires_grad_(true);
+  xs.clear();
+  part_->train();
+  {
+    const LoraRowGroups lora(part_, f.row_starts, adapters);
+    f.hidden = part_->Body(f.x, torch::cat(masks).to(device_));
+  }
+  // The head, loss and their backward go one step at a time (Losses), into the gradient of the
+  // layers' output: only one step's logits are held at once, and only at its labelled positions.
+  f.head_input = f.hidden.detach().requires_grad_(true);
+  f.labels = torch::cat(labels).to(device_);
+  return f;
+}
+
+void SplitServer::StartSteps(const std::vector<Admitted>& steps, bool replays) {
+  // A step's parts add their gradients up: they are cleared at its first part (and for replays,
+  // which apply nothing; a replay also abandons a step whose parts were arriving).
+  for (const Admitted& a : steps) {
+    Session& s = *a.session;
+    if (replays || a.entry->input->micro_batch == 0) {
+      store_->LoraOf(s).optimizer->zero_grad();
+      s.partial_step = replays ? -1 : a.entry->input->step_id;
+      s.partial_parts = a.entry->input->micro_batches;
+      s.partial_replies.clear();
+      s.partial_gradients.clear();
+      s.partial_loss = 0;
+    }
+  }
+}
+
+std::vector<LoraState*> SplitServer::Losses(std::vector<Admitted>& steps, Forward& f, bool replays, std::vector<bool>* finite) {
+  std::vector<LoraState*> trained;  // each LoRA with a step of finite loss, once, in the order of the steps
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const StepInput& in = *steps[i].entry->input;
+    const torch::Tensor step_labels = f.Rows(f.labels, steps, i);
+    torch::Tensor loss = NextTokenLoss(part_->Head(AtLabels(f.Rows(f.head_input, steps, i), step_labels)), step_labels);
+    if (in.loss_scale != 1) loss = loss * in.loss_scale;
+    StepResult& result = steps[i].entry->result;
+    result.step_id = in.step_id;
+    result.duplicate = replays;
+    result.loss = loss.item<float>();
+    if (!std::isfinite(result.loss)) {
+      steps[i].session->partial_step = -1;  // its parts must come again from the first
+      steps[i].entry->error = std::make_exception_ptr(
+          Error(ErrorCode::kInvalidArgument, "the loss of step " + std::to_string(in.step_id) +
+                                                 " is not finite: training diverged; lower the learning rates"));
+      continue;
+    }
+    (*finite)[i] = true;
+    loss.backward();
+    LoraState* lora = &store_->LoraOf(*steps[i].session);
+    const bool last_part = in.micro_batch == in.micro_batches - 1;
+    if (last_part && std::find(trained.begin(), trained.end(), lora) == trained.end()) trained.push_back(lora);
+  }
+  return trained;
+}
+
+std::vector<torch::Tensor> SplitServer::Answer(std::vector<Admitted>& steps, Forward& f, const std::vector<bool>& finite,
+                                               Clock::time_point started) {
+  const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
+  std::vector<torch::Tensor> gradients(steps.size());
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (!finite[i]) continue;
+    const StepInput& in = *steps[i].entry->input;
+    Session& s = *steps[i].session;
+    gradients[i] = f.Rows(f.x.grad(), steps, i).reshape({in.batch * in.tokens, config_.hidden_size}).to(torch::kCPU, torch::kFloat).contiguous();
+    StepResult& result = steps[i].entry->result;
+    result.gradient = s.codec->EncodeGradient(gradients[i].data_ptr<float>(), gradients[i].size(0), gradients[i].size(1)).bytes;
+    result.server_seconds = seconds;
+    s.stats.gradient_bytes += result.gradient.size();  // sent, applied or not
+  }
+  return gradients;
 }
 
 // The step's update (its parts' answers are in s.partial_*) and everything that records it.
@@ -661,23 +481,7 @@ void SplitServer::Commit(Session& s, const StepInput& in, const Received& receiv
                       {in.step_id + 1, std::chrono::duration<double>(started - started_).count(), loss,
                        received.average_bits, s.stats.activation_bytes, s.stats.gradient_bytes},
                       received.width_shares);
-  ++applied_since_checkpoint_;
-}
-
-void SplitServer::CheckpointIfDue() {
-  if (applied_since_checkpoint_ >= options_.checkpoint_every) TryCheckpointLocked();
-}
-
-void SplitServer::TryCheckpointLocked() {
-  // A failed checkpoint between steps (disk full, folder gone) must not fail the step: the previous
-  // checkpoint stays, the error is logged and counted, and the next step tries again. Checkpoint()
-  // (at shutdown) does throw.
-  try {
-    CheckpointLocked();
-  } catch (const Error& e) {
-    ++checkpoint_failures_;
-    spdlog::error("checkpoint failed (the previous one is intact; retrying after the next step): {}", e.what());
-  }
+  store_->NoteApplied();
 }
 
 uint64_t SplitServer::adapter_bytes() const {
@@ -719,19 +523,17 @@ void SplitServer::CheckAdapter(const NamedFloats& tensors) const {
 NamedFloats SplitServer::AverageAdapters(const std::string& client_id, const NamedFloats& tensors, int* clients) {
   CheckAdapter(tensors);
   std::lock_guard<std::mutex> step(step_mutex_);
-  SessionOf(client_id);
-  adapters_[client_id] = tensors;
-  std::vector<const NamedFloats*> uploads;
-  for (const auto& [id, upload] : adapters_) uploads.push_back(&upload);
-  *clients = static_cast<int>(adapters_.size());
+  store_->Joined(client_id);
+  const std::vector<const NamedFloats*> uploads = store_->StoreUpload(client_id, tensors);
+  *clients = static_cast<int>(uploads.size());
   return AggregateAdapters(uploads, tensors, options_.averaging);
 }
 
 ServerAdapterInfo SplitServer::AdapterOf(const std::string& client_id) {
   std::lock_guard<std::mutex> step(step_mutex_);
-  Session& s = SessionOf(client_id);
+  Session& s = store_->Joined(client_id);
   ServerAdapterInfo info;
-  const std::vector<torch::Tensor>& lora = LoraOf(s).values;
+  const std::vector<torch::Tensor>& lora = store_->LoraOf(s).values;
   for (size_t i = 0; i < lora.size(); ++i) {
     const torch::Tensor values = lora[i].detach().to(torch::kCPU, torch::kFloat).contiguous();
     info.tensors[lora_names_[i]] = NamedFloat{values.sizes().vec(),
@@ -745,269 +547,25 @@ ServerAdapterInfo SplitServer::AdapterOf(const std::string& client_id) {
   return info;
 }
 
-std::map<std::string, ClientStats> SplitServer::Stats() const {
-  std::lock_guard<std::mutex> lock(sessions_mutex_);
-  return published_;
-}
-
 void SplitServer::ReportMetric(const std::string& client_id, int64_t step, const std::string& name, double value) {
   Require(!name.empty() && name.size() <= 64, ErrorCode::kInvalidArgument,
           "a metric's name must be 1..64 characters, got " + std::to_string(name.size()) + ": use accuracy or exact_match");
   Require(std::isfinite(value), ErrorCode::kInvalidArgument, "metric " + Excerpt(name) + " is not finite: report a number");
   Require(step >= 0, ErrorCode::kInvalidArgument, "a metric's step must be >= 0, got " + std::to_string(step));
   const double seconds = std::chrono::duration<double>(Clock::now() - started_).count();
-  SessionOf(client_id);
+  store_->Joined(client_id);
   history_.RecordMetric(client_id, {step, seconds, value}, name);
 }
 
-namespace {
-
-void SaveLora(torch::serialize::OutputArchive& archive, const std::string& prefix, const std::vector<torch::Tensor>& values,
-              torch::optim::AdamW& optimizer) {
-  for (size_t i = 0; i < values.size(); ++i) archive.write(prefix + ".lora." + std::to_string(i), values[i].to(torch::kCPU));
-  torch::serialize::OutputArchive opt;
-  optimizer.save(opt);
-  archive.write(prefix + ".optimizer", opt);
-}
-
-void LoadLora(torch::serialize::InputArchive& archive, const std::string& prefix, std::vector<torch::Tensor>& values,
-              torch::optim::AdamW& optimizer) {
-  for (size_t i = 0; i < values.size(); ++i) {
-    torch::Tensor t;
-    archive.read(prefix + ".lora." + std::to_string(i), t);
-    torch::NoGradGuard no_grad;
-    values[i].copy_(t);
-  }
-  torch::serialize::InputArchive opt;
-  archive.read(prefix + ".optimizer", opt);
-  optimizer.load(opt);
-}
-
-}  // namespace
-
 void SplitServer::Checkpoint() {
   std::lock_guard<std::mutex> step(step_mutex_);
-  CheckpointLocked();
-}
-
-void SplitServer::CheckpointLocked() {
-  if (options_.checkpoint_dir.empty()) return;
-  std::lock_guard<std::mutex> lock(sessions_mutex_);  // a first Join waits: the map is walked
-  torch::serialize::OutputArchive archive;
-  std::string clients;
-  for (const auto& [id, s] : sessions_) {
-    clients += id + "\n";
-    SaveSession(archive, *s);
-  }
-  archive.write("clients", c10::IValue(clients));
-  // Collaborative mode: each client's latest adapter upload, so that an average after a restart
-  // still covers the clients that synced before it.
-  std::string uploaders;
-  for (const auto& [id, tensors] : adapters_) {
-    uploaders += id + "\n";
-    std::string names;
-    int64_t i = 0;
-    for (const auto& [name, t] : tensors) {
-      names += name + "\n";
-      archive.write("adapter." + id + "." + std::to_string(i++), torch::tensor(t.values).view(t.shape));
-    }
-    archive.write("adapter." + id + ".names", c10::IValue(names));
-  }
-  archive.write("adapter_clients", c10::IValue(uploaders));
-  if (shared_) {
-    SaveLora(archive, "shared", shared_->values, *shared_->optimizer);
-  }
-  std::ostringstream bytes;
-  archive.save_to(bytes);
-  WriteFileAtomically(CheckpointPath(options_), bytes.str());
-  applied_since_checkpoint_ = 0;
-  // The checkpoint now holds every session in memory: an evicted copy of one is out of date.
-  for (const auto& [id, s] : sessions_) std::filesystem::remove(EvictedPath(id));
-}
-
-void SplitServer::SaveSession(torch::serialize::OutputArchive& archive, Session& s) {
-  const std::string key = "client." + s.client_id;
-  archive.write(key + ".method", c10::IValue(s.method_text));
-  archive.write(key + ".run", c10::IValue(s.run));
-  archive.write(key + ".last_applied", torch::tensor(s.last_applied));
-  archive.write(key + ".applied_steps", torch::tensor(s.stats.steps));
-  if (s.own) SaveLora(archive, key, s.own->values, *s.own->optimizer);
-  SaveAnswers(archive, key, s);
-  if (s.codec) s.codec->SaveHistory();  // a file of its own, of any age: safe with the checkpoint before or after it
-}
-
-std::unique_ptr<SplitServer::Session> SplitServer::LoadSession(torch::serialize::InputArchive& archive, const std::string& id) {
-  auto s = std::make_unique<Session>();
-  s->client_id = id;
-  const std::string key = "client." + id;
-  c10::IValue method;
-  archive.read(key + ".method", method);
-  s->method_text = method.toStringRef();
-  c10::IValue run;
-  if (archive.try_read(key + ".run", run)) s->run = run.toStringRef();  // absent from checkpoints before runs
-  s->codec = quant::Method::Parse(s->method_text)->MakeServerCodec(CodecContextFor(id));
-  try {
-    s->codec->LoadHistory();
-  } catch (const Error& e) {  // it only saves bytes: the client sends the samples in full again
-    spdlog::warn("client {}: {}; continuing without it", id, e.what());
-  }
-  torch::Tensor last;
-  archive.read(key + ".last_applied", last);
-  s->last_applied = last.item<int64_t>();
-  torch::Tensor applied;
-  archive.read(key + ".applied_steps", applied);
-  s->stats.steps = applied.item<int64_t>();
-  if (!options_.shared_lora) {
-    s->own = NewLoraState();
-    LoadLora(archive, key, s->own->values, *s->own->optimizer);
-  }
-  LoadAnswers(archive, key, *s);
-  return s;
-}
-
-// The stored answers are kept in checkpoints: a client killed before its own checkpoint held a
-// step sends it again, and gets the same gradient from a restarted server as from this one.
-void SplitServer::SaveAnswers(torch::serialize::OutputArchive& archive, const std::string& key, const Session& s) {
-  for (size_t j = 0; j < s.applied.size(); ++j) {
-    const Session::Answers& a = s.applied[j];
-    const std::string answers = key + ".answers." + std::to_string(j);
-    std::vector<double> numbers;  // per part: loss, average bits, server seconds
-    for (const StepResult& r : a.replies) numbers.insert(numbers.end(), {r.loss, r.average_bits, r.server_seconds});
-    archive.write(answers + ".step", torch::tensor(a.step));
-    archive.write(answers + ".numbers", torch::tensor(numbers, torch::kDouble));
-    for (size_t p = 0; p < a.gradients.size(); ++p) archive.write(answers + ".gradient." + std::to_string(p), a.gradients[p]);
-  }
-}
-
-void SplitServer::LoadAnswers(torch::serialize::InputArchive& archive, const std::string& key, Session& s) const {
-  for (int j = 0;; ++j) {  // the stored answers (absent from checkpoints before they were kept)
-    const std::string answers = key + ".answers." + std::to_string(j);
-    torch::Tensor step, numbers;
-    if (!archive.try_read(answers + ".step", step)) break;
-    archive.read(answers + ".numbers", numbers);
-    Require(numbers.dim() == 1 && numbers.size(0) % 3 == 0, ErrorCode::kDataLoss,
-            "client " + s.client_id + ": the checkpoint's stored answers are malformed: move the checkpoint away to start fresh");
-    Session::Answers a{step.item<int64_t>(), {}, {}};
-    for (int64_t p = 0; p < numbers.size(0) / 3; ++p) {
-      StepResult r;
-      r.step_id = a.step;
-      r.duplicate = true;
-      r.loss = static_cast<float>(numbers[3 * p].item<double>());
-      r.average_bits = numbers[3 * p + 1].item<double>();
-      r.server_seconds = numbers[3 * p + 2].item<double>();
-      a.replies.push_back(r);
-      torch::Tensor g;
-      archive.read(answers + ".gradient." + std::to_string(p), g);
-      Require(g.scalar_type() == torch::kFloat && g.dim() == 2 && g.size(1) == config_.hidden_size, ErrorCode::kDataLoss,
-              "client " + s.client_id + ": a stored answer's gradient in the checkpoint is not [rows, " +
-                  std::to_string(config_.hidden_size) + "] fp32: move the checkpoint away to start fresh");
-      a.gradients.push_back(g.contiguous());
-    }
-    s.applied.push_back(std::move(a));
-  }
-}
-
-std::string SplitServer::EvictedPath(const std::string& client_id) const {
-  return SessionFile(SessionsDir(options_), client_id, ".pt");
-}
-
-std::unique_ptr<SplitServer::Session> SplitServer::LoadEvicted(const std::string& client_id) {
-  if (options_.checkpoint_dir.empty()) return nullptr;
-  const std::string path = EvictedPath(client_id);
-  if (!std::filesystem::exists(path)) return nullptr;
-  torch::serialize::InputArchive archive;
-  c10::IValue id;
-  try {
-    archive.load_from(path);
-    archive.read("client", id);
-  } catch (const c10::Error& e) {
-    throw Error(ErrorCode::kDataLoss, path + ": an evicted session is unreadable (" + e.what_without_backtrace() +
-                                          "): move it away to start client " + client_id + " afresh");
-  }
-  if (id.toStringRef() != client_id) return nullptr;  // another id with the same hash: that client is not this one
-  RequireFiniteArchive(archive, path);
-  spdlog::info("client {}: resuming its evicted session from {}", client_id, path);
-  return LoadSession(archive, client_id);
+  store_->Checkpoint();
 }
 
 int SplitServer::EvictIdle(const std::set<std::string>& connected) {
-  if (options_.session_ttl_seconds <= 0) return 0;
+  if (options_.session_ttl_seconds <= 0) return 0;  // without waiting for a step
   std::lock_guard<std::mutex> step(step_mutex_);
-  std::unique_lock<std::mutex> lock(sessions_mutex_);
-  const auto now = Clock::now();
-  std::vector<std::string> idle;
-  for (const auto& [id, s] : sessions_) {
-    if (!connected.count(id) && std::chrono::duration<double>(now - s->last_seen).count() >= options_.session_ttl_seconds) {
-      idle.push_back(id);
-    }
-  }
-  if (idle.empty()) return 0;
-  for (const std::string& id : idle) EvictLocked(id, "after " + std::to_string(options_.session_ttl_seconds) + " s idle");
-  lock.unlock();
-  CheckpointLocked();  // without them: their files are the newer state
-  return static_cast<int>(idle.size());
-}
-
-void SplitServer::EvictLocked(const std::string& id, const std::string& why) {
-  std::filesystem::create_directories(SessionsDir(options_));
-  torch::serialize::OutputArchive archive;
-  archive.write("client", c10::IValue(id));
-  SaveSession(archive, *sessions_.at(id));
-  std::ostringstream bytes;
-  archive.save_to(bytes);
-  WriteFileAtomically(EvictedPath(id), bytes.str());
-  sessions_.erase(id);
-  published_.erase(id);
-  ++sessions_evicted_;
-  spdlog::info("client {}: session evicted {} (kept in {})", id, why, EvictedPath(id));
-}
-
-size_t SplitServer::sessions_in_memory() const {
-  std::lock_guard<std::mutex> lock(sessions_mutex_);
-  return sessions_.size();
-}
-
-void SplitServer::LoadCheckpoint() {
-  const std::string path = CheckpointPath(options_);
-  torch::serialize::InputArchive archive;
-  try {
-    archive.load_from(path);
-  } catch (const c10::Error& e) {
-    throw Error(ErrorCode::kDataLoss, path + ": server checkpoint is unreadable (" + e.what_without_backtrace() +
-                                          "): move it away to start fresh");
-  }
-  RequireFiniteArchive(archive, path);
-  c10::IValue clients;
-  archive.read("clients", clients);
-  std::istringstream ids(clients.toStringRef());
-  for (std::string id; std::getline(ids, id);) {
-    std::unique_ptr<Session> s = LoadSession(archive, id);
-    // A session evicted after this checkpoint was written: its file is the newer state.
-    std::unique_ptr<Session> evicted = LoadEvicted(id);
-    if (evicted && evicted->stats.steps > s->stats.steps) continue;
-    PublishLocked(*s);  // the constructor's: nothing else runs yet
-    sessions_.emplace(id, std::move(s));
-  }
-  if (shared_) LoadLora(archive, "shared", shared_->values, *shared_->optimizer);
-  c10::IValue uploaders;
-  if (archive.try_read("adapter_clients", uploaders)) {  // absent from checkpoints of older servers
-    std::istringstream uploader_ids(uploaders.toStringRef());
-    for (std::string id; std::getline(uploader_ids, id);) {
-      c10::IValue names;
-      archive.read("adapter." + id + ".names", names);
-      std::istringstream lines(names.toStringRef());
-      NamedFloats tensors;
-      int64_t i = 0;
-      for (std::string name; std::getline(lines, name);) {
-        torch::Tensor t;
-        archive.read("adapter." + id + "." + std::to_string(i++), t);
-        t = t.to(torch::kFloat).contiguous();
-        tensors[name] = NamedFloat{t.sizes().vec(), std::vector<float>(t.data_ptr<float>(), t.data_ptr<float>() + t.numel())};
-      }
-      adapters_[id] = std::move(tensors);
-    }
-  }
-  spdlog::info("resumed {} client sessions ({} adapter uploads) from {}", sessions_.size(), adapters_.size(), path);
+  return store_->EvictIdle(connected);
 }
 
 }  // namespace amaq::server

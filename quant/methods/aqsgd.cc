@@ -2,6 +2,7 @@
 
 #include <filesystem>
 
+#include "common/base/env.h"
 #include "common/base/error.h"
 #include "quant/aqsgd.h"
 #include "quant/tensor_codec.h"
@@ -15,21 +16,20 @@ EncodeOptions Bf16() {
   return o;
 }
 
-void SaveCache(ActivationCache& cache, const std::string& file) {
+void SaveCache(ActivationCache& cache, const std::string& file, Env& env) {
   if (file.empty() || !cache.changed()) return;
-  std::error_code ignored;  // a folder that cannot be made fails the save, which names the file
-  std::filesystem::create_directories(std::filesystem::path(file).parent_path(), ignored);
+  env.CreateDirs(std::filesystem::path(file).parent_path().string());
   cache.Save(file);
 }
 
-void LoadCache(ActivationCache& cache, const std::string& file) {
-  if (!file.empty() && std::filesystem::exists(file)) cache.Load(file);
+void LoadCache(ActivationCache& cache, const std::string& file, Env& env) {
+  if (!file.empty() && env.FileExists(file)) cache.Load(file);
 }
 
 class AqsgdClientCodec : public ClientCodec {
  public:
   AqsgdClientCodec(const AqsgdOptions& options, std::string history_file)
-      : sender_(options), history_file_(std::move(history_file)) {}
+      : sender_(options), history_file_(std::move(history_file)), env_(*options.env) {}
 
   Encoded EncodeTraining(const torch::Tensor& x, const SampleRows& samples, torch::Tensor* upstream) override {
     if (refused_) {
@@ -51,12 +51,13 @@ class AqsgdClientCodec : public ClientCodec {
   }
   bool fixed_tokens() const override { return true; }
   void ForgetHistory() override { refused_ = true; }
-  void SaveHistory() override { SaveCache(sender_.cache(), history_file_); }
-  void LoadHistory() override { LoadCache(sender_.cache(), history_file_); }
+  void SaveHistory() override { SaveCache(sender_.cache(), history_file_, env_); }
+  void LoadHistory() override { LoadCache(sender_.cache(), history_file_, env_); }
 
  private:
   AqsgdSender sender_;
   std::string history_file_;
+  Env& env_;
   bool refused_ = false;    // the server refused a frame: the next step goes in full
   int64_t full_step_ = -1;  // the step whose parts go in full
   StepParts<Encoded> pending_;
@@ -65,7 +66,7 @@ class AqsgdClientCodec : public ClientCodec {
 class AqsgdServerCodec : public ServerCodec {
  public:
   AqsgdServerCodec(const AqsgdOptions& options, GradientFormat gradient, std::string history_file)
-      : receiver_(options), gradient_(std::move(gradient)), history_file_(std::move(history_file)) {}
+      : receiver_(options), gradient_(std::move(gradient)), history_file_(std::move(history_file)), env_(*options.env) {}
 
   Activation DecodeTraining(const uint8_t* data, size_t size, const SampleRows& samples, int64_t channels) override {
     Require(static_cast<int64_t>(samples.ids.size()) == samples.samples, ErrorCode::kInvalidArgument,
@@ -77,8 +78,8 @@ class AqsgdServerCodec : public ServerCodec {
     return Activation{std::move(d.values), bits, d.count};
   }
 
-  void SaveHistory() override { SaveCache(receiver_.cache(), history_file_); }
-  void LoadHistory() override { LoadCache(receiver_.cache(), history_file_); }
+  void SaveHistory() override { SaveCache(receiver_.cache(), history_file_, env_); }
+  void LoadHistory() override { LoadCache(receiver_.cache(), history_file_, env_); }
   uint64_t memory_bytes() const override { return receiver_.cache_stats().memory_bytes; }
 
  protected:
@@ -88,6 +89,7 @@ class AqsgdServerCodec : public ServerCodec {
   AqsgdReceiver receiver_;
   GradientFormat gradient_;
   std::string history_file_;
+  Env& env_;
 };
 
 class Aqsgd : public Method {
@@ -108,6 +110,7 @@ class Aqsgd : public Method {
     o.bits = bits_;
     o.cache_memory_bytes = context.cache_bytes;
     o.spill_dir = context.spill_dir;
+    o.env = context.env;
     return o;
   }
 
