@@ -26,6 +26,7 @@ constexpr uint8_t kVersion = 1;
 constexpr uint8_t kFlagZstd = 1;
 constexpr uint8_t kFlagTableIncluded = 2;
 constexpr size_t kHeaderSize = 48;
+constexpr size_t kFlagsOffset = 9, kPayloadSizeOffset = 40;  // of the header's fields patched after the payload
 constexpr size_t kChecksumSize = 8;
 
 size_t FloatSchemeWidth(Scheme s) { return s == Scheme::kFloat32 ? 4 : 2; }
@@ -224,6 +225,22 @@ std::string ShapeText(int64_t rows, int64_t cols) {
   return "[" + std::to_string(rows) + ", " + std::to_string(cols) + "]";
 }
 
+// Compresses the payload of `message` (at `payload_at`, `raw_size` bytes) in place with zstd when
+// that makes it smaller, flagging it and patching the header's payload size; returns its size.
+uint64_t CompressPayload(std::vector<uint8_t>* message, size_t payload_at, uint64_t raw_size, int level) {
+  if (raw_size == 0) return 0;
+  uint8_t* payload = message->data() + payload_at;
+  std::vector<uint8_t> compressed(ZSTD_compressBound(raw_size));
+  const size_t n = ZSTD_compress(compressed.data(), compressed.size(), payload, raw_size, level);
+  Require(!ZSTD_isError(n), ErrorCode::kInternal, std::string("zstd compression failed: ") + ZSTD_getErrorName(n));
+  if (n >= raw_size) return raw_size;
+  std::memcpy(payload, compressed.data(), n);
+  const uint64_t size = n;
+  (*message)[kFlagsOffset] |= kFlagZstd;
+  std::memcpy(message->data() + kPayloadSizeOffset, &size, sizeof size);
+  return size;
+}
+
 }  // namespace
 
 uint32_t BitsTableId(const BitsTable& bits) {
@@ -302,20 +319,8 @@ void Encoder::Encode(const float* x, int64_t rows, int64_t cols, const BitsTable
     QuantizeAndPack(x, rows, cols, spec, bits, grid, options, payload, reconstruction);
   }
 
-  uint64_t payload_size = raw_payload_size;
-  if (options.zstd && raw_payload_size > 0) {
-    std::vector<uint8_t> compressed(ZSTD_compressBound(raw_payload_size));
-    const size_t n = ZSTD_compress(compressed.data(), compressed.size(), payload,
-                                   raw_payload_size, options.zstd_level);
-    Require(!ZSTD_isError(n), ErrorCode::kInternal,
-            std::string("zstd compression failed: ") + ZSTD_getErrorName(n));
-    if (n < raw_payload_size) {
-      std::memcpy(payload, compressed.data(), n);
-      payload_size = n;
-      out[9] |= kFlagZstd;
-      std::memcpy(out.data() + 40, &payload_size, 8);
-    }
-  }
+  const uint64_t payload_size = options.zstd ? CompressPayload(&out, payload_at, raw_payload_size, options.zstd_level)
+                                             : raw_payload_size;
   out.resize(payload_at + payload_size);
   ByteWriter(&out).Put(WireChecksum(out.data(), out.size()));
 

@@ -47,6 +47,31 @@ std::string ReadMetricsToken(const std::string& path) {
   return token;
 }
 
+// The /metrics page and the live view on metrics_listen (null when it is empty); they answer
+// not ready once `draining` is set.
+std::unique_ptr<server::MetricsHttp> StartMetrics(const Config& c, server::SplitTrainingService& service,
+                                                  const std::string& token, const std::atomic<bool>& draining) {
+  if (c.String("metrics_listen").empty()) return nullptr;
+  server::MetricsOptions m;
+  m.listen = c.String("metrics_listen");
+  m.token = token;
+  m.open_pages = c.Bool("metrics_public");
+  m.viewer_of = server::LiveViewers(service);
+  if (c.Bool("metrics_tls")) {
+    Require(!c.String("tls_cert").empty() && !c.String("tls_key").empty(), ErrorCode::kInvalidArgument,
+            "metrics_tls serves HTTPS with the server's certificate: set tls_cert and tls_key (or metrics_tls: false)");
+    m.tls_cert = c.String("tls_cert");
+    m.tls_key = c.String("tls_key");
+  }
+  std::map<std::string, server::HttpPage> pages = server::LiveViewPages(service);
+  pages["/metrics"] = {"text/plain; version=0.0.4", [&service](const server::Viewer&) { return server::PrometheusText(service); }};
+  auto metrics = std::make_unique<server::MetricsHttp>(m, std::move(pages), [&draining] { return !draining; });
+  const char* scheme = m.tls_cert.empty() ? "http" : "https";
+  spdlog::info("metrics on {0}://{1}/metrics, live view on {0}://{1}/{2} (port {3})", scheme, m.listen,
+               m.token.empty() ? "" : "#token=<metrics token>", metrics->port());
+  return metrics;
+}
+
 int Run(const Config& c) {
   SetComputeThreads(static_cast<int>(c.Int("threads")));
   const server::ServerOptions o = server::ServerOptionsFrom(c);
@@ -104,26 +129,7 @@ int Run(const Config& c) {
                c.Int("max_connections"), open_files);
   if (!c.String("port_file").empty()) std::ofstream(c.String("port_file")) << port << "\n";
   std::atomic<bool> draining{false};
-  std::unique_ptr<server::MetricsHttp> metrics;
-  if (!c.String("metrics_listen").empty()) {
-    server::MetricsOptions m;
-    m.listen = c.String("metrics_listen");
-    m.token = metrics_token;
-    m.open_pages = c.Bool("metrics_public");
-    m.viewer_of = server::LiveViewers(service);
-    if (c.Bool("metrics_tls")) {
-      Require(!c.String("tls_cert").empty() && !c.String("tls_key").empty(), ErrorCode::kInvalidArgument,
-              "metrics_tls serves HTTPS with the server's certificate: set tls_cert and tls_key (or metrics_tls: false)");
-      m.tls_cert = c.String("tls_cert");
-      m.tls_key = c.String("tls_key");
-    }
-    std::map<std::string, server::HttpPage> pages = server::LiveViewPages(service);
-    pages["/metrics"] = {"text/plain; version=0.0.4", [&service](const server::Viewer&) { return server::PrometheusText(service); }};
-    metrics = std::make_unique<server::MetricsHttp>(m, std::move(pages), [&draining] { return !draining; });
-    const char* scheme = m.tls_cert.empty() ? "http" : "https";
-    spdlog::info("metrics on {0}://{1}/metrics, live view on {0}://{1}/{2} (port {3})", scheme, m.listen,
-                 m.token.empty() ? "" : "#token=<metrics token>", metrics->port());
-  }
+  const std::unique_ptr<server::MetricsHttp> metrics = StartMetrics(c, service, metrics_token, draining);
   spdlog::info("amaq-server listening on port {} ({})", port, c.Bool("insecure") ? "plain text" : "TLS");
 
   const int received = WaitForStopSignal();

@@ -144,11 +144,8 @@ void LoadState(const std::string& path, ModelPart& model, torch::optim::AdamW& o
   std::istringstream(rng.toStringRef()) >> s->rng;
 }
 
-int Run(const Options& o, const std::string& command) {
-  SetComputeThreads(o.threads);
-  fs::create_directories(o.out + "/.pretrain");
-  const TextCorpus corpus = LoadPretrainingText(o.data);
-
+// The SentencePiece tokenizer in `o.out`, trained on the corpus first when it is not there yet.
+std::unique_ptr<SentencePieceTokenizer> TokenizerFor(const Options& o, const TextCorpus& corpus) {
   const std::string spm = o.out + "/tokenizer.model";
   if (!fs::exists(spm)) {
     spdlog::info("training a {}-piece SentencePiece tokenizer on {} documents", o.vocab, corpus.train.size());
@@ -156,7 +153,23 @@ int Run(const Options& o, const std::string& command) {
     TrainSentencePiece(o.out + "/.pretrain/sentences.txt", o.out + "/tokenizer", o.vocab);
     fs::remove(o.out + "/tokenizer.vocab");
   }
-  const auto tokenizer = SentencePieceTokenizer::Load(spm);
+  return SentencePieceTokenizer::Load(spm);
+}
+
+// tokenizer_config.json for Hugging Face's LlamaTokenizer over tokenizer.model.
+void WriteTokenizerConfig(const std::string& dir) {
+  const nlohmann::json tokenizer_config = {{"tokenizer_class", "LlamaTokenizer"}, {"bos_token", "<s>"},
+                                           {"eos_token", "</s>"}, {"unk_token", "<unk>"}, {"pad_token", "<pad>"},
+                                           {"add_bos_token", true}, {"add_eos_token", false}};
+  WriteFileAtomically(dir + "/tokenizer_config.json", tokenizer_config.dump(2) + "\n");
+}
+
+int Run(const Options& o, const std::string& command) {
+  SetComputeThreads(o.threads);
+  fs::create_directories(o.out + "/.pretrain");
+  const TextCorpus corpus = LoadPretrainingText(o.data);
+
+  const auto tokenizer = TokenizerFor(o, corpus);
   ModelConfig config = o.model;
   config.vocab_size = tokenizer->vocab_size();
   config.bos_token_id = 1;
@@ -218,10 +231,7 @@ int Run(const Options& o, const std::string& command) {
   const double ppl = Perplexity(score, eval_batches);
   progress.Finish("validation perplexity " + std::to_string(ppl));
   SaveModel(model, o.out, torch::kFloat);
-  const nlohmann::json tokenizer_config = {{"tokenizer_class", "LlamaTokenizer"}, {"bos_token", "<s>"},
-                                           {"eos_token", "</s>"}, {"unk_token", "<unk>"}, {"pad_token", "<pad>"},
-                                           {"add_bos_token", true}, {"add_eos_token", false}};
-  WriteFileAtomically(o.out + "/tokenizer_config.json", tokenizer_config.dump(2) + "\n");
+  WriteTokenizerConfig(o.out);
   const nlohmann::json record = {{"command", command}, {"steps", o.steps}, {"batch", o.batch}, {"tokens", o.tokens},
                                  {"training_tokens", train.size()}, {"parameters", parameters},
                                  {"train_seconds", state.seconds}, {"validation_perplexity", ppl},
