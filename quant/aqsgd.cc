@@ -150,12 +150,7 @@ void CheckFrameShape(const FrameHeader& h, const DecodeLimits& limits, int64_t e
 // Reads the header of the frame `data` up to its checksum, which it checks.
 FrameHeader ReadFrameHeader(ByteReader& r, const uint8_t* data, const DecodeLimits& limits,
                             int64_t expected_rows_per_sample, int64_t expected_cols, int64_t expected_samples) {
-  Require(r.Get<uint32_t>("magic") == kFrameMagic, ErrorCode::kDataLoss,
-          "AQ-SGD frame does not start with 'AQSG': it is not an AQ-SGD message");
-  const auto version = r.Get<uint8_t>("version");
-  Require(version == kFrameVersion, ErrorCode::kDataLoss,
-          "AQ-SGD frame version " + std::to_string(version) + " is not " +
-              std::to_string(kFrameVersion) + ": run the same amaq version on both sides");
+  r.ExpectFormat(kFrameMagic, kFrameVersion, "AQ-SGD frame", "AQSG");
   FrameHeader h;
   h.samples = r.Get<uint32_t>("samples");
   h.rows_per_sample = r.Get<uint64_t>("rows_per_sample");

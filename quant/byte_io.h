@@ -53,6 +53,16 @@ class ByteReader {
   }
   size_t position() const { return pos_; }
   size_t remaining() const { return size_ - pos_; }
+  // Reads a format's magic and version: kDataLoss naming `format` ("AQ-SGD frame") when the magic
+  // is not `magic` (`letters`, as the bytes read) or the version is not `version`.
+  void ExpectFormat(uint32_t magic, uint8_t version, const std::string& format, const char* letters) {
+    Require(Get<uint32_t>("magic") == magic, ErrorCode::kDataLoss,
+            format + " does not start with '" + letters + "': it is not one, or it is corrupted");
+    const auto found = Get<uint8_t>("version");
+    Require(found == version, ErrorCode::kDataLoss,
+            format + " has format version " + std::to_string(found) + ", this build reads " + std::to_string(version) +
+                ": run the same amaq version on both sides");
+  }
 
  private:
   const uint8_t* data_;

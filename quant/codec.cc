@@ -359,12 +359,7 @@ ByteReader OpenMessage(const uint8_t* data, size_t size) {
           "tensor message has " + std::to_string(size) + " bytes, less than the " +
               std::to_string(kHeaderSize + kChecksumSize) + "-byte minimum: it was truncated; resend it");
   ByteReader r(data, size - kChecksumSize);
-  Require(r.Get<uint32_t>("magic") == kMagic, ErrorCode::kDataLoss,
-          "tensor message does not start with 'AMQT': it is not an amaq tensor (or is corrupted)");
-  const auto version = r.Get<uint8_t>("version");
-  Require(version == kVersion, ErrorCode::kDataLoss,
-          "tensor message has format version " + std::to_string(version) + ", this build reads " +
-              std::to_string(kVersion) + ": run the same amaq version on both sides");
+  r.ExpectFormat(kMagic, kVersion, "tensor message", "AMQT");
 #ifndef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION  // tests/fuzz: reach the checks behind it
   uint64_t stored_checksum;
   std::memcpy(&stored_checksum, data + size - kChecksumSize, kChecksumSize);

@@ -46,6 +46,15 @@ class SessionStoreTest : public ::testing::Test {
     for (const torch::Tensor& v : store.LoraOf(s).values) EXPECT_TRUE(torch::all(v == steps).item<bool>()) << id;
   }
 
+  // a (3 steps) evicted to its own file, b (5 steps) in memory.
+  void JoinTwoAndEvictTheFirst(SessionStore& store) {
+    JoinWithState(store, "a", 3);
+    JoinWithState(store, "b", 5);
+    env_.Advance(61);
+    store.Joined("b");
+    ASSERT_EQ(store.EvictIdle({}), 1);
+  }
+
   std::string SessionsDir() const { return options_.checkpoint_dir + "/sessions"; }
   size_t FilesIn(const std::string& dir) const {
     size_t n = 0;
@@ -80,14 +89,7 @@ TEST_F(SessionStoreTest, IdleSessionsMoveToDiskByTheEnvsClockAndComeBackWithThei
 }
 
 TEST_F(SessionStoreTest, TheCheckpointHoldsEverySessionAndANewStoreLoadsIt) {
-  {
-    auto store = Open();
-    JoinWithState(*store, "a", 3);
-    JoinWithState(*store, "b", 5);
-    env_.Advance(61);
-    store->Joined("b");
-    EXPECT_EQ(store->EvictIdle({}), 1);  // a in its own file, b in the checkpoint
-  }
+  JoinTwoAndEvictTheFirst(*Open());  // a in its own file, b in the checkpoint
   auto reopened = Open();
   EXPECT_EQ(reopened->in_memory(), 1u);
   EXPECT_EQ(reopened->Stats().at("b").steps, 5);
@@ -120,11 +122,7 @@ TEST_F(SessionStoreTest, AFailedEvictionKeepsTheSessionInMemoryAndTheCheckpointV
 
 TEST_F(SessionStoreTest, AFreshRunForgetsTheSessionItsFileAndItsCheckpointEntry) {
   auto store = Open();
-  JoinWithState(*store, "a", 3);
-  JoinWithState(*store, "b", 5);
-  env_.Advance(61);
-  store->Joined("b");
-  ASSERT_EQ(store->EvictIdle({}), 1);
+  JoinTwoAndEvictTheFirst(*store);
   EXPECT_TRUE(store->Forget("a"));
   EXPECT_TRUE(store->Forget("b"));
   EXPECT_FALSE(store->Forget("never joined"));
