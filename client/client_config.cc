@@ -10,6 +10,7 @@
 #include "common/net/host_port.h"
 #include "common/text/user_data.h"
 #include "quant/method.h"
+#include "quant/method_keys.h"
 
 namespace amaq::client {
 
@@ -22,7 +23,7 @@ void ClientOptionKeys(Keys& keys) {
   keys.String("client_id", &O::client_id, "this client's name (must match its token)");
   keys.String("model", &O::model_dir, "Hugging Face model directory (the same base model as the server)");
   keys.Int("cut_layer", &O::cut_layer, "layers [0, cut) run here", 0, 1000);
-  keys.String("method", &O::method, "fp32 | bf16 | fp16 | fixed:<b>[:<granularity>[:<G>]] | amaq[:<bmax>-><bmin>] | amaq[:<bmax>-><bmin>]:budget=<b>[:uniform] | aqsgd:<b>; a quantized one may end in :grad=<b>[:token][:symmetric][:stochastic]");
+  keys.String("method", &O::method, quant::MethodGrammar());
   keys.String("base_weights", &O::base_weights, "how the frozen base weights are held (docs/model.md); the server's must match",
               {"fp32", "bf16", "nf4", "int8"});
   keys.Bool("recompute_layers", &O::recompute_layers, "recompute the client layers' activations in backward: less memory, one more forward");
@@ -40,13 +41,7 @@ void ClientOptionKeys(Keys& keys) {
   keys.Int("eval_every", &O::eval_every, "steps between evaluations (0: only at the end)", 0, INT64_MAX);
   keys.Int("eval_examples", &O::eval_examples, "validation examples per evaluation", 1, INT64_MAX);
   keys.Int("eval_batch", &O::eval_batch, "sequences per evaluation request", 1, 1 << 20);
-  keys.Double("amaq_alpha", &O::amaq_alpha, "AMAQ gate sharpness alpha", 1e-6, 1e6);
-  keys.Double("amaq_beta", &O::amaq_beta, "AMAQ bit-regularizer weight beta", 0, 1e6);
-  keys.Double("amaq_gate_lr", &O::amaq_gate_lr, "AMAQ gates' Adam learning rate", 1e-9, 100);
-  keys.Int("amaq_warmup", &O::amaq_warmup, "AMAQ steps at bmax before the regularizer (or the budget's descent) starts", 0, INT64_MAX);
-  keys.Double("amaq_ramp_fraction", &O::amaq_ramp_fraction, "AMAQ budget: share of the steps after the warm-up spent descending to the target", 0.01, 1);
-  keys.Int("aqsgd_cache_mb", &O::aqsgd_cache_mb, "memory of the AQ-SGD cache before spilling", 1, 1 << 20);
-  keys.String("aqsgd_spill_dir", &O::aqsgd_spill_dir, "where the AQ-SGD cache spills (empty: the memory limit is hard)");
+  keys.Group(&O::method_settings, quant::AddClientMethodKeys, quant::ClientMethodSettingsFrom);
   keys.String("csv", &O::csv_path, "per-step CSV of this run (empty: none): its step column counts steps done, an evaluation repeats its step's row with the metric");
   keys.String("checkpoint_dir", &O::checkpoint_dir, "directory for this client's checkpoints (empty: none)");
   keys.Int("checkpoint_every", &O::checkpoint_every, "steps between checkpoints", 1, INT64_MAX);

@@ -90,15 +90,9 @@ SplitClient::SplitClient(ClientOptions options, Dataset data, Transport& transpo
   quant::CodecContext context;
   context.channels = config_.hidden_size;
   context.steps = options_.steps;
-  context.amaq_alpha = options_.amaq_alpha;
-  context.amaq_beta = options_.amaq_beta;
-  context.amaq_gate_lr = options_.amaq_gate_lr;
-  context.amaq_warmup = options_.amaq_warmup;
-  context.amaq_ramp_fraction = options_.amaq_ramp_fraction;
-  context.cache_bytes = static_cast<uint64_t>(options_.aqsgd_cache_mb) << 20;
-  context.spill_dir = options_.aqsgd_spill_dir;
+  context.settings = options_.method_settings;
   context.env = options_.env;
-  if (!options_.checkpoint_dir.empty()) context.history_file = options_.checkpoint_dir + "/" + options_.client_id + ".aqsgd";
+  if (!options_.checkpoint_dir.empty()) context.history_stem = options_.checkpoint_dir + "/" + options_.client_id;
   codec_ = method_->MakeClientCodec(context);
   fingerprint_ = ModelFingerprint(options_.model_dir, options_.cut_layer, base_weights);
   Require(!(options_.resume && options_.fresh), ErrorCode::kInvalidArgument,

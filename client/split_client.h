@@ -66,11 +66,7 @@ struct ClientOptions {
   int64_t eval_every = 0;        // 0: evaluate only at the end
   int64_t eval_examples = 200;
   int64_t eval_batch = 32;
-  double amaq_alpha = 1.0, amaq_beta = 0.01, amaq_gate_lr = 0.01;
-  int64_t amaq_warmup = 0;
-  double amaq_ramp_fraction = 0.5;  // budget mode: share of the post-warm-up steps descending
-  int64_t aqsgd_cache_mb = 1024;
-  std::string aqsgd_spill_dir;
+  quant::MethodSettings method_settings;  // the method's own settings (quant/method_settings.h)
   std::string csv_path;          // empty: no CSV
   std::string checkpoint_dir;    // empty: no checkpoints
   int64_t checkpoint_every = 50;

@@ -23,21 +23,22 @@
 #include "common/base/env.h"
 #include "common/base/error.h"
 #include "quant/codec.h"
+#include "quant/method_settings.h"
 
 namespace amaq::quant {
 
-// What a codec needs to know of the run beyond its method's own text.
+// What a codec needs to know of the run beyond its method's own text: facts of the run, and the
+// values of the method's own settings (quant/method_settings.h).
 struct CodecContext {
   int64_t channels = 0;   // width of the cut (the model's hidden size)
   int64_t steps = 0;      // training steps of the run (schedules that end on the last step)
-  // AMAQ's training (docs/amaq.md).
-  double amaq_alpha = 1.0, amaq_beta = 0.01, amaq_gate_lr = 0.05;
-  int64_t amaq_warmup = 0;
-  double amaq_ramp_fraction = 0.5;
-  // AQ-SGD's per-sample cache.
-  uint64_t cache_bytes = uint64_t{1} << 30;
-  std::string spill_dir;     // empty: no spilling
-  std::string history_file;  // where SaveHistory and LoadHistory keep it; empty: nowhere
+  MethodSettings settings;
+  // Where SaveHistory and LoadHistory keep the method's history: a path to which the method adds
+  // an extension of its own (empty: nowhere).
+  std::string history_stem;
+  // On the server, the name of this client's own folder in a directory that several clients'
+  // codecs share (empty on a client, whose directories are its own).
+  std::string instance;
   Env* env = Env::Default(); // the files of the codec's history and cache (not owned)
 };
 
@@ -104,8 +105,8 @@ class ClientCodec {
   // this codec sends next builds on nothing the server may lack (AQ-SGD: the next step's samples
   // go in full; the rest of its cache stays).
   virtual void ForgetHistory() {}
-  // The method's history (AQ-SGD's cache) to and from CodecContext::history_file, when the method
-  // has one and the context names a file: saved with each checkpoint (rewritten only when it
+  // The method's history (AQ-SGD's cache) to and from CodecContext::history_stem, when the method
+  // has one and the context names a place: saved with each checkpoint (rewritten only when it
   // changed), loaded when the run resumes. A history of any age is safe to load (quant/aqsgd.h).
   // Throw amaq::Error when they cannot (the file, or the codec, then stays as it was).
   virtual void SaveHistory() {}
@@ -161,7 +162,7 @@ class ServerCodec {
   Encoded EncodeGradient(const float* gradient, int64_t rows, int64_t cols);
   // Fresh streams in both directions (a join or rejoin); a method's history (AQ-SGD) survives.
   void Reset();
-  // As ClientCodec's: the method's history to and from CodecContext::history_file.
+  // As ClientCodec's: the method's history to and from CodecContext::history_stem.
   virtual void SaveHistory() {}
   virtual void LoadHistory() {}
   // Bytes the method's history holds in memory (AQ-SGD: its cache's entries not spilled).

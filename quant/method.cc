@@ -1,6 +1,6 @@
 #include "quant/method.h"
 
-#include <map>
+#include <algorithm>
 #include <set>
 #include <sstream>
 
@@ -13,19 +13,18 @@
 namespace amaq::quant {
 namespace {
 
-constexpr char kForms[] =
-    "use fp32, bf16, fp16, fixed:<bits>[:tensor|channel|token|group[:<size>]], amaq[:<bmax>-><bmin>], "
-    "amaq[:<bmax>-><bmin>]:budget=<bits>[:uniform] or aqsgd:<bits>, each quantized one optionally ending in :grad=<bits>[:token][:symmetric][:stochastic]";
+constexpr char kGradientGrammar[] = "a quantized one may end in :grad=<b>[:token][:symmetric][:stochastic]";
 
-// The factory: one line per method.
-std::map<std::string, MethodParser>& Parsers() {
-  static std::map<std::string, MethodParser> parsers = {
-      {"fp32", ParseFloatCast}, {"none", ParseFloatCast}, {"bf16", ParseFloatCast}, {"fp16", ParseFloatCast},
-      {"fixed", ParseFixed},
-      {"amaq", ParseAmaq},
-      {"aqsgd", ParseAqsgd},
-  };
-  return parsers;
+std::vector<MethodRegistration>& Registry() {
+  static std::vector<MethodRegistration> registry = BuiltInMethods();
+  return registry;
+}
+
+const MethodRegistration* Find(const std::string& name) {
+  for (const MethodRegistration& r : Registry()) {
+    if (std::find(r.names.begin(), r.names.end(), name) != r.names.end()) return &r;
+  }
+  return nullptr;
 }
 
 // "<bits>[:token][:symmetric][:stochastic]" (options in any order, each once).
@@ -53,8 +52,52 @@ GradientSpec ParseGradient(const MethodName& name, const std::string& spec) {
 
 }  // namespace
 
+std::vector<MethodRegistration> BuiltInMethods() {
+  return {FloatCastMethod(), FixedMethod(), AmaqMethod(), AqsgdMethod()};  // the factory: one line per method
+}
+
+const std::vector<MethodRegistration>& RegisteredMethods() { return Registry(); }
+
+void RegisterMethod(MethodRegistration registration) {
+  std::vector<MethodRegistration>& registry = Registry();
+  const auto replaced = std::find_if(registry.begin(), registry.end(), [&](const MethodRegistration& r) {
+    return std::find(r.names.begin(), r.names.end(), registration.names.front()) != r.names.end();
+  });
+  if (replaced != registry.end()) {
+    *replaced = std::move(registration);
+  } else {
+    registry.push_back(std::move(registration));
+  }
+}
+
+std::string MethodGrammar() {
+  std::string grammar;
+  for (const MethodRegistration& r : Registry()) grammar += (grammar.empty() ? "" : " | ") + r.grammar;
+  return grammar + "; " + kGradientGrammar;
+}
+
+std::string MethodTable(const std::vector<MethodRegistration>& methods) {
+  std::string table = "| method | what crosses the cut |\n|---|---|\n";
+  for (const MethodRegistration& r : methods) {
+    for (const MethodRegistration::Row& row : r.rows) table += "| " + row.form + " | " + row.meaning + " |\n";
+  }
+  return table + "| `<quantized method>:grad=<b>[:token][:symmetric][:stochastic]` | e.g. `fixed:3:channel:grad=8`, "
+                 "`amaq:budget=3:grad=8`: the gradients go back at a fixed b bits instead of the method's own widths; "
+                 "scales per channel or per `token`, an affine grid over [min, max] or a `symmetric` one around 0 (zero "
+                 "exact), rounding to nearest or `stochastic` (unbiased) (`docs/amaq.md`) |\n";
+}
+
+const MethodSetting* FindMethodSetting(const std::string& key) {
+  for (const MethodRegistration& r : Registry()) {
+    for (const MethodSetting& setting : r.settings) {
+      if (setting.key == key) return &setting;
+    }
+  }
+  return nullptr;
+}
+
 void MethodName::Refuse(const std::string& why) const {
-  throw Error(ErrorCode::kInvalidArgument, "method '" + text + "': " + why + "; " + kForms);
+  throw Error(ErrorCode::kInvalidArgument, "method '" + text + "': " + why + "; use " + MethodGrammar());
 }
 
 double MethodName::Number(const std::string& argument) const {
@@ -85,13 +128,11 @@ std::unique_ptr<Method> Method::Parse(const std::string& text) {
   std::getline(ss, name.name, ':');
   for (std::string part; std::getline(ss, part, ':');) name.arguments.push_back(part);
   if (grad != std::string::npos) name.gradient = ParseGradient(name, text.substr(grad + 6));
-  const auto parser = Parsers().find(name.name);
-  if (text.empty() || parser == Parsers().end()) {
-    throw Error(ErrorCode::kInvalidArgument, "unknown method '" + text + "': " + kForms);
+  const MethodRegistration* method = Find(name.name);
+  if (text.empty() || method == nullptr) {
+    throw Error(ErrorCode::kInvalidArgument, "unknown method '" + text + "': use " + MethodGrammar());
   }
-  return parser->second(name);
+  return method->parser(name);
 }
-
-void RegisterMethod(const std::string& name, MethodParser parser) { Parsers()[name] = std::move(parser); }
 
 }  // namespace amaq::quant

@@ -1,20 +1,19 @@
-// Method: how a run compresses what crosses the cut, as users name it (config key `method`):
+// Method: how a run compresses what crosses the cut, as users name it (config key `method`). The
+// forms (MethodGrammar() lists them; docs/configuration.md's table is MethodTable()):
 //
 //   fp32 | bf16 | fp16                          no compression (fp32) or a 16-bit cast
 //   fixed:<bits>[:<granularity>[:<group>]]      fixed-bit affine, granularity tensor | channel |
 //                                               token | group (default channel; group size 128)
-//   amaq[:<bmax>-><bmin>]                       AMAQ, default 8->3
-//   amaq[:<bmax>-><bmin>]:budget=<bits>[:uniform]  AMAQ allocated to a target average (docs/amaq.md);
-//                                               uniform: every channel the schedule's width (one
-//                                               bit apart at most), no learned allocation (the control)
-//   aqsgd:<bits>                                AQ-SGD with <bits>-bit deltas (gradients 8-bit)
+//   amaq[:<bmax>-><bmin>][:budget=<bits>[:uniform]]  AMAQ (docs/amaq.md)
+//   aqsgd:<bits>                                AQ-SGD with <bits>-bit deltas
 //   <quantized method>:grad=<bits>[:token][:symmetric][:stochastic]
 //                                               its gradients go back at a fixed width, with
 //                                               those scales, grid and rounding (gradient_spec.h)
 //
 // A Method is the parsed, immutable name; it makes the codecs of both sides (quant/cut_codec.h).
-// Each method is one file pair in quant/methods/ and one line of the table in method.cc: adding
-// one touches nothing else.
+// Each method is one file pair in quant/methods/ that returns its MethodRegistration (its names,
+// parser, grammar, table rows and settings), and one line of the table in method.cc: adding one
+// touches nothing else, its settings included (quant/method_settings.h).
 #pragma once
 
 #include <functional>
@@ -25,6 +24,7 @@
 
 #include "quant/cut_codec.h"
 #include "quant/gradient_spec.h"
+#include "quant/method_settings.h"
 
 namespace amaq::quant {
 
@@ -64,8 +64,31 @@ std::string GradientSuffix(const std::optional<GradientSpec>& gradient);
 // A method's parser: the method, or amaq::Error (kInvalidArgument) through name.Refuse.
 using MethodParser = std::function<std::unique_ptr<Method>(const MethodName& name)>;
 
-// Makes `parser` answer for methods called `name` (tests add their own methods this way). Not
-// thread-safe: register before any Parse runs concurrently.
-void RegisterMethod(const std::string& name, MethodParser parser);
+// What a method tells the registry of itself.
+struct MethodRegistration {
+  std::vector<std::string> names;  // the names it answers to ("fp32", "bf16", ...)
+  MethodParser parser;
+  std::string grammar;             // its forms, as --help and errors show them ("aqsgd:<b>")
+  struct Row {                     // a row of docs/configuration.md's table of methods
+    std::string form, meaning;
+  };
+  std::vector<Row> rows;
+  std::vector<MethodSetting> settings;  // keys named after the method (amaq_gate_lr)
+};
+
+// Makes `registration` answer for its names, after the built-in methods (tests add their own
+// methods this way). A name or setting key registered before is replaced. Not thread-safe:
+// register before any Parse, and before a program declares its keys (quant/method_keys.h).
+void RegisterMethod(MethodRegistration registration);
+// The methods of the table in method.cc, then those registered later, in that order.
+const std::vector<MethodRegistration>& RegisteredMethods();
+// The methods of the table in method.cc alone (what docs/configuration.md documents).
+std::vector<MethodRegistration> BuiltInMethods();
+// Every method's forms and the gradient suffix, as --help and errors show them.
+std::string MethodGrammar();
+// The markdown table of `methods`' rows and the gradient suffix's.
+std::string MethodTable(const std::vector<MethodRegistration>& methods);
+// The setting declared as `key` by a registered method, or null.
+const MethodSetting* FindMethodSetting(const std::string& key);
 
 }  // namespace amaq::quant

@@ -6,6 +6,7 @@
 #include "common/base/option_keys.h"
 #include "common/base/program.h"
 #include "common/net/host_port.h"
+#include "quant/method_keys.h"
 
 namespace amaq::server {
 
@@ -49,8 +50,7 @@ void ServerOptionKeys(Keys& keys) {
            "most memory one client's step and the decoding cache it leaves may hold together (0: half of the device's memory)", 0,
            int64_t{1} << 40);
   keys.Double("max_steps_per_second", &O::max_steps_per_second, "per-client limit on training steps per second (0: none)", 0, 1e6);
-  keys.Int("aqsgd_cache_mb", &O::aqsgd_cache_mb, "memory of each client's AQ-SGD cache before spilling", 1, 1 << 20);
-  keys.String("aqsgd_spill_dir", &O::aqsgd_spill_dir, "where AQ-SGD caches spill (empty: the memory limit is hard)");
+  keys.Group(&O::method_settings, quant::AddServerMethodKeys, quant::ServerMethodSettingsFrom);
   keys.Double("session_ttl_seconds", &O::session_ttl_seconds,
               "evict a session idle this long (no stream, no call) to checkpoint_dir/sessions; its client's Join resumes it "
               "(0: never)",

@@ -6,6 +6,7 @@
 
 #include "common/base/env.h"
 #include "common/model/lora.h"
+#include "quant/method_settings.h"
 #include "server/adapter_average.h"
 
 namespace amaq::server {
@@ -28,8 +29,7 @@ struct ServerOptions {
   // Budgets of a step's estimated memory (server/step_cost.h), alone and with the decoding cache it
   // leaves its client; 0: a quarter and a half of the device's memory (RESOURCE_EXHAUSTED above them).
   int64_t max_step_memory_mb = 0, max_client_memory_mb = 0;
-  int64_t aqsgd_cache_mb = 1024;
-  std::string aqsgd_spill_dir;
+  quant::MethodSettings method_settings;  // the methods' own settings the server takes (quant/method_settings.h)
   // A session whose client has had no open stream and sent nothing for this long is written to
   // checkpoint_dir/sessions/ and dropped from memory; its client's next Join loads it (0: never).
   double session_ttl_seconds = 0;

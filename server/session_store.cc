@@ -14,12 +14,12 @@
 namespace amaq::server {
 namespace {
 
-// A client's file in `dir`: named by the XXH3 of its id, which may hold any character.
-std::string SessionFile(const std::string& dir, const std::string& client_id, const char* extension) {
+// The name of a client's files: the XXH3 of its id, which may hold any character.
+std::string FileName(const std::string& client_id) {
   char name[17];
   std::snprintf(name, sizeof name, "%016llx",
                 static_cast<unsigned long long>(quant::WireChecksum(reinterpret_cast<const uint8_t*>(client_id.data()), client_id.size())));
-  return dir + "/" + name + extension;
+  return name;
 }
 
 std::string SessionsDir(const ServerOptions& o) { return o.checkpoint_dir + "/sessions"; }
@@ -129,9 +129,9 @@ std::unique_ptr<LoraState> SessionStore::NewLoraState() const {
 quant::CodecContext SessionStore::CodecContextFor(const std::string& client_id) const {
   quant::CodecContext context;
   context.channels = config_.hidden_size;
-  context.cache_bytes = static_cast<uint64_t>(options_.aqsgd_cache_mb) << 20;
-  if (!options_.aqsgd_spill_dir.empty()) context.spill_dir = SessionFile(options_.aqsgd_spill_dir, client_id, "");
-  if (!options_.checkpoint_dir.empty()) context.history_file = SessionFile(HistoriesDir(options_), client_id, ".aqsgd");
+  context.settings = options_.method_settings;
+  context.instance = FileName(client_id);
+  if (!options_.checkpoint_dir.empty()) context.history_stem = HistoriesDir(options_) + "/" + context.instance;
   context.env = &env_;
   return context;
 }
@@ -190,9 +190,12 @@ bool SessionStore::Forget(const std::string& client_id) {
     had = it != sessions_.end();
     if (had) sessions_.erase(it);
     published_.erase(client_id);
-    for (const std::string& path : {options_.checkpoint_dir.empty() ? std::string() : EvictedPath(client_id),
-                                    CodecContextFor(client_id).history_file}) {
-      if (!path.empty() && env_.RemoveFile(path)) had = true;
+    if (!options_.checkpoint_dir.empty()) {
+      had = env_.RemoveFile(EvictedPath(client_id)) || had;
+      // The method's history: its files are named after the client, with an extension of the method's.
+      for (const std::string& name : env_.GetChildren(HistoriesDir(options_))) {
+        if (name.rfind(FileName(client_id) + ".", 0) == 0) had = env_.RemoveFile(HistoriesDir(options_) + "/" + name) || had;
+      }
     }
     if (had) spdlog::info("client {}: a fresh run: its stored session ({} steps applied) is discarded", client_id, steps);
   }
@@ -442,7 +445,7 @@ void SessionStore::LoadAnswers(torch::serialize::InputArchive& archive, const st
 std::string SessionStore::CheckpointPath() const { return options_.checkpoint_dir + "/server.pt"; }
 
 std::string SessionStore::EvictedPath(const std::string& client_id) const {
-  return SessionFile(SessionsDir(options_), client_id, ".pt");
+  return SessionsDir(options_) + "/" + FileName(client_id) + ".pt";
 }
 
 std::unique_ptr<Session> SessionStore::LoadEvicted(const std::string& client_id) const {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <fstream>
 
 #include "common/base/error.h"
 
@@ -43,7 +44,7 @@ TEST(Method, RefusesBadFormsWithTheAllowedOnes) {
       ADD_FAILURE() << text << " was accepted";
     } catch (const Error& e) {
       EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << text;
-      EXPECT_NE(std::string(e.what()).find("use fp32, bf16"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("use fp32 | bf16 | fp16 | fixed:"), std::string::npos) << e.what();
     }
   }
 }
@@ -245,15 +246,28 @@ class HalfCast : public Method {
 
 TEST(Method, AMethodRegisteredFromOutsideIsParsedAndMakesItsCodecs) {
   EXPECT_THROW(Method::Parse("half-cast"), Error);
-  RegisterMethod("half-cast", [](const MethodName& name) -> std::unique_ptr<Method> {
-    if (!name.arguments.empty() || name.gradient) name.Refuse("half-cast takes no arguments");
-    return std::make_unique<HalfCast>();
-  });
+  RegisterMethod({{"half-cast"},
+                  [](const MethodName& name) -> std::unique_ptr<Method> {
+                    if (!name.arguments.empty() || name.gradient) name.Refuse("half-cast takes no arguments");
+                    return std::make_unique<HalfCast>();
+                  },
+                  "half-cast",
+                  {{"`half-cast`", "fp16 both ways"}},
+                  {}});
   EXPECT_EQ(Method::Parse("half-cast")->ToString(), "half-cast");
   EXPECT_THROW(Method::Parse("half-cast:3"), Error);
   const Exchange e = RunExchange("half-cast");
   EXPECT_EQ(e.activation_message.scheme, Scheme::kFloat16);
   EXPECT_EQ(e.gradient_message.scheme, Scheme::kFloat16);
+}
+
+// docs/configuration.md's table of methods is the registry's (each method's rows where it registers).
+TEST(Method, TheDocsTableOfMethodsIsTheRegistrys) {
+  std::ifstream in(std::string(AMAQ_SOURCE_DIR) + "/docs/configuration.md");
+  const std::string doc((std::istreambuf_iterator<char>(in)), {});
+  const std::string table = MethodTable(BuiltInMethods());
+  EXPECT_NE(doc.find("\n## Methods\n\n" + table + "\n"), std::string::npos)
+      << "docs/configuration.md, \"## Methods\", must hold this table (from quant/methods/*.cc):\n" << table;
 }
 
 }  // namespace

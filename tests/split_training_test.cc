@@ -16,7 +16,9 @@
 #include "common/base/error.h"
 #include "common/model/finetune.h"
 #include "quant/checksum.h"
+#include "common/base/config.h"
 #include "quant/method.h"
+#include "quant/method_keys.h"
 #include "quant/tensor_codec.h"
 #include "server/split_server.h"
 #include "tiny_model.h"
@@ -436,8 +438,8 @@ TEST(SplitTraining, AmaqBitsFallAndTheTaskTrains) {
   server::SplitServer server(ServerFor(dir));
   inproc::LocalTransport transport(server);
   client::ClientOptions o = ClientFor(dir, "amaq:8->3", 60);
-  o.amaq_gate_lr = 0.2;
-  o.amaq_beta = 1.0;
+  o.method_settings.Set("amaq_gate_lr", 0.2);
+  o.method_settings.Set("amaq_beta", 1.0);
   client::SplitClient client(o, testing::ParityDataset(48), transport);
   client.Run();
   const auto& r = client.records();
@@ -523,38 +525,58 @@ TEST(SplitTraining, EveryMethodRunsAndCountsItsBytes) {
   }
 }
 
-// A method added by a test: its own class and one registration, and the system trains with it.
-TEST(SplitTraining, AMethodAddedByATestTrainsThroughTheSystem) {
-  class Fp16Both : public quant::Method {
+// A method added by a test, with a setting of its own: its class and one registration (its name,
+// parser, grammar, docs row and setting) are all it takes; the setting becomes a config key, its
+// value reaches the method's codec, and the system trains with it.
+TEST(SplitTraining, AMethodWithASettingAddedByATestTrainsThroughTheSystem) {
+  class TestFixed : public quant::Method {
    public:
-    std::string ToString() const override { return "test-fp16"; }
-    std::unique_ptr<quant::ClientCodec> MakeClientCodec(const quant::CodecContext&) const override {
-      return std::make_unique<quant::PlainClientCodec>(Fp16(), quant::BitsTable{});
+    std::string ToString() const override { return "test-fixed"; }
+    std::unique_ptr<quant::ClientCodec> MakeClientCodec(const quant::CodecContext& context) const override {
+      const auto bits = static_cast<uint8_t>(context.settings.Integer("test_fixed_bits"));
+      return std::make_unique<quant::PlainClientCodec>(Affine(), quant::BitsTable::Uniform(bits));
     }
     std::unique_ptr<quant::ServerCodec> MakeServerCodec(const quant::CodecContext&) const override {
       struct Answer : quant::ServerCodec {
-        quant::GradientFormat GradientFor(const quant::Decoded&) const override { return {Fp16(), {}}; }
+        quant::GradientFormat GradientFor(const quant::Decoded&) const override {
+          quant::EncodeOptions fp16;
+          fp16.scheme = quant::Scheme::kFloat16;
+          return {fp16, {}};
+        }
       };
       return std::make_unique<Answer>();
     }
-    static quant::EncodeOptions Fp16() {
+    static quant::EncodeOptions Affine() {
       quant::EncodeOptions o;
-      o.scheme = quant::Scheme::kFloat16;
+      o.scheme = quant::Scheme::kAffine;
+      o.granularity = quant::Granularity::kChannel;
       return o;
     }
   };
-  quant::RegisterMethod("test-fp16", [](const quant::MethodName&) -> std::unique_ptr<quant::Method> {
-    return std::make_unique<Fp16Both>();
-  });
+  quant::RegisterMethod({{"test-fixed"},
+                         [](const quant::MethodName& name) -> std::unique_ptr<quant::Method> {
+                           if (!name.arguments.empty() || name.gradient) name.Refuse("test-fixed takes no arguments");
+                           return std::make_unique<TestFixed>();
+                         },
+                         "test-fixed",
+                         {{"`test-fixed`", "affine per channel at test_fixed_bits bits"}},
+                         {{"test_fixed_bits", quant::MethodSetting::Kind::kInteger, "width of test-fixed", 2, 8, 8}}});
+  EXPECT_NE(quant::MethodGrammar().find("test-fixed"), std::string::npos);
+  Config config("amaq-test");
+  quant::AddClientMethodKeys(config, {});
+  EXPECT_NE(config.Help().find("test_fixed_bits"), std::string::npos) << config.Help();
+  config.Load("", "test.yaml", {"--test_fixed_bits", "5"});
+  EXPECT_THROW(Config(config).Load("", "test.yaml", {"--test_fixed_bits", "9"}), Error) << "outside the declared range";
+
   const std::string dir = testing::TinyModelDir("toy-method");
   server::SplitServer server(ServerFor(dir));
   inproc::LocalTransport transport(server);
-  client::SplitClient client(ClientFor(dir, "test-fp16", 6), testing::ParityDataset(16), transport);
+  client::ClientOptions o = ClientFor(dir, "test-fixed", 6);
+  o.method_settings = quant::ClientMethodSettingsFrom(config);
+  client::SplitClient client(o, testing::ParityDataset(16), transport);
   client.Run();
   EXPECT_EQ(server.Stats().at("client-0").steps, 6);
-  const client::StepRecord& first = client.records().front();
-  EXPECT_EQ(first.average_bits, 16);
-  EXPECT_EQ(first.down.payload, first.up.payload) << "fp16 both ways: gradient and activation have one size";
+  for (const client::StepRecord& r : client.records()) EXPECT_EQ(r.average_bits, 5) << "the setting's width, not its default";
 }
 
 // The server's rate limit slows a client down without ending its run: the client waits and sends
@@ -592,8 +614,8 @@ TEST(SplitTraining, AmaqStaysWithinAMarginOfBf16) {
     inproc::LocalTransport transport(server);
     client::ClientOptions o = ClientFor(dir, method, 60);
     o.seed = seed;
-    o.amaq_gate_lr = 0.2;
-    o.amaq_beta = 1.0;
+    o.method_settings.Set("amaq_gate_lr", 0.2);
+    o.method_settings.Set("amaq_beta", 1.0);
     client::SplitClient client(o, testing::ParityDataset(48), transport);
     client.Run();
     Tail t;

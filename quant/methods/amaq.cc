@@ -99,11 +99,14 @@ class Amaq : public Method {
     AmaqOptions a;
     a.bmax = bmax_;
     a.bmin = bmin_;
-    a.alpha = context.amaq_alpha;
-    a.beta = context.amaq_beta;
-    a.gate_lr = context.amaq_gate_lr;
-    a.warmup_steps = context.amaq_warmup;
-    if (budget_) a.budget = BitBudgetOptions{*budget_, context.steps, context.amaq_warmup, context.amaq_ramp_fraction};
+    const MethodSettings& settings = context.settings;
+    a.alpha = settings.Number("amaq_alpha");
+    a.beta = settings.Number("amaq_beta");
+    a.gate_lr = settings.Number("amaq_gate_lr");
+    a.warmup_steps = settings.Integer("amaq_warmup");
+    if (budget_) {
+      a.budget = BitBudgetOptions{*budget_, context.steps, a.warmup_steps, settings.Number("amaq_ramp_fraction")};
+    }
     a.uniform = uniform_;
     return std::make_unique<AmaqClientCodec>(context.channels, a);
   }
@@ -118,8 +121,6 @@ class Amaq : public Method {
   bool uniform_;
   std::optional<GradientSpec> gradient_;
 };
-
-}  // namespace
 
 std::unique_ptr<Method> ParseAmaq(const MethodName& name) {
   if (name.arguments.size() > 3) name.Refuse("amaq takes a range, a budget, then optionally uniform");
@@ -147,6 +148,30 @@ std::unique_ptr<Method> ParseAmaq(const MethodName& name) {
   if (!(bmin >= kMinBits && bmax <= kMaxBits && bmin < bmax)) name.Refuse("AMAQ needs 1 <= bmin < bmax <= 8");
   if (budget && !(*budget >= bmin && *budget <= bmax)) name.Refuse("the budget must lie between bmin and bmax");
   return std::make_unique<Amaq>(bmax, bmin, budget, uniform, name.gradient);
+}
+
+}  // namespace
+
+MethodRegistration AmaqMethod() {
+  using Kind = MethodSetting::Kind;
+  const double kMaxSteps = 9.2e18;  // no limit (an int64)
+  return {{"amaq"},
+          ParseAmaq,
+          "amaq[:<bmax>-><bmin>] | amaq[:<bmax>-><bmin>]:budget=<b>[:uniform]",
+          {{"`amaq[:<bmax>-><bmin>]`", "AMAQ with learned per-channel widths (default 8->3); `amaq_alpha`, `amaq_beta`, "
+                                       "`amaq_gate_lr`, `amaq_warmup` tune it"},
+           {"`amaq:budget=<b>`", "AMAQ allocated to a schedule from 8 bits down to an average of exactly b bits (reached "
+                                 "after `amaq_warmup` + `amaq_ramp_fraction` of the remaining `steps`, then held); the gates "
+                                 "choose which channels are wide"},
+           {"`amaq:budget=<b>:uniform`", "the control: every channel at the schedule's width (the first ones a bit wider "
+                                         "where the average falls between widths); no learned allocation"}},
+          {{"amaq_alpha", Kind::kNumber, "AMAQ gate sharpness alpha", 1e-6, 1e6, 1.0},
+           {"amaq_beta", Kind::kNumber, "AMAQ bit-regularizer weight beta", 0, 1e6, 0.01},
+           {"amaq_gate_lr", Kind::kNumber, "AMAQ gates' Adam learning rate", 1e-9, 100, 0.01},
+           {"amaq_warmup", Kind::kInteger, "AMAQ steps at bmax before the regularizer (or the budget's descent) starts", 0,
+            kMaxSteps, 0},
+           {"amaq_ramp_fraction", Kind::kNumber,
+            "AMAQ budget: share of the steps after the warm-up spent descending to the target", 0.01, 1, 0.5}}};
 }
 
 }  // namespace amaq::quant

@@ -3,12 +3,10 @@
 // activation's own widths and granularity, or as grad= says.
 #pragma once
 
-#include <memory>
-
 #include "quant/method.h"
 
 namespace amaq::quant {
 
-std::unique_ptr<Method> ParseAmaq(const MethodName& name);
+MethodRegistration AmaqMethod();
 
 }  // namespace amaq::quant

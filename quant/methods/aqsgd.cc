@@ -97,32 +97,51 @@ class Aqsgd : public Method {
   Aqsgd(int bits, std::optional<GradientSpec> gradient) : bits_(bits), gradient_(gradient) {}
   std::string ToString() const override { return "aqsgd:" + std::to_string(bits_) + GradientSuffix(gradient_); }
   std::unique_ptr<ClientCodec> MakeClientCodec(const CodecContext& context) const override {
-    return std::make_unique<AqsgdClientCodec>(Options(context), context.history_file);
+    return std::make_unique<AqsgdClientCodec>(Options(context), HistoryFile(context));
   }
   std::unique_ptr<ServerCodec> MakeServerCodec(const CodecContext& context) const override {
     return std::make_unique<AqsgdServerCodec>(Options(context), gradient_.value_or(GradientSpec{}).Format(),
-                                              context.history_file);
+                                              HistoryFile(context));
   }
 
  private:
   AqsgdOptions Options(const CodecContext& context) const {
     AqsgdOptions o;
     o.bits = bits_;
-    o.cache_memory_bytes = context.cache_bytes;
-    o.spill_dir = context.spill_dir;
+    o.cache_memory_bytes = static_cast<uint64_t>(context.settings.Integer("aqsgd_cache_mb")) << 20;
+    o.spill_dir = context.settings.Text("aqsgd_spill_dir");
+    if (!o.spill_dir.empty() && !context.instance.empty()) o.spill_dir += "/" + context.instance;
     o.env = context.env;
     return o;
+  }
+  static std::string HistoryFile(const CodecContext& context) {
+    return context.history_stem.empty() ? "" : context.history_stem + ".aqsgd";
   }
 
   int bits_;
   std::optional<GradientSpec> gradient_;
 };
 
-}  // namespace
-
 std::unique_ptr<Method> ParseAqsgd(const MethodName& name) {
   if (name.arguments.size() != 1) name.Refuse("aqsgd takes the bits of its deltas");
   return std::make_unique<Aqsgd>(name.Bits(name.arguments[0], 2), name.gradient);
+}
+
+}  // namespace
+
+MethodRegistration AqsgdMethod() {
+  using Kind = MethodSetting::Kind;
+  const unsigned both = MethodSetting::kClient | MethodSetting::kServer;
+  return {{"aqsgd"},
+          ParseAqsgd,
+          "aqsgd:<b>",
+          {{"`aqsgd:<b>`", "AQ-SGD: first visit of a sample in bf16, later b-bit deltas against the cached activation; "
+                           "`aqsgd_cache_mb` and `aqsgd_spill_dir` bound its cache"}},
+          {{"aqsgd_cache_mb", Kind::kInteger, "memory of the AQ-SGD cache before spilling (on the server: each client's)", 1,
+            1 << 20, 1024, "", both},
+           {"aqsgd_spill_dir", Kind::kText,
+            "where the AQ-SGD cache spills (on the server: a folder per client in it; empty: the memory limit is hard)", 0,
+            0, 0, "", both}}};
 }
 
 }  // namespace amaq::quant

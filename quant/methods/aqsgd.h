@@ -5,12 +5,10 @@
 // (ClientCodec::SaveHistory).
 #pragma once
 
-#include <memory>
-
 #include "quant/method.h"
 
 namespace amaq::quant {
 
-std::unique_ptr<Method> ParseAqsgd(const MethodName& name);
+MethodRegistration AqsgdMethod();
 
 }  // namespace amaq::quant

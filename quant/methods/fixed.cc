@@ -48,8 +48,6 @@ class Fixed : public Method {
   EncodeOptions options_;
 };
 
-}  // namespace
-
 std::unique_ptr<Method> ParseFixed(const MethodName& name) {
   const auto& a = name.arguments;
   if (a.empty() || a.size() > 3) name.Refuse("fixed takes bits, then optionally a granularity and a group size");
@@ -64,6 +62,17 @@ std::unique_ptr<Method> ParseFixed(const MethodName& name) {
     group_size = static_cast<int>(g);
   }
   return std::make_unique<Fixed>(bits, granularity, group_size, name.gradient);
+}
+
+}  // namespace
+
+MethodRegistration FixedMethod() {
+  return {{"fixed"},
+          ParseFixed,
+          "fixed:<b>[:<granularity>[:<G>]]",
+          {{"`fixed:<b>[:<granularity>[:<G>]]`", "fixed b-bit affine quantization, granularity `tensor`, `channel` "
+                                                 "(default), `token` or `group` (G channels, default 128)"}},
+          {}};
 }
 
 }  // namespace amaq::quant

@@ -3,12 +3,10 @@
 // granularity, or as grad= says.
 #pragma once
 
-#include <memory>
-
 #include "quant/method.h"
 
 namespace amaq::quant {
 
-std::unique_ptr<Method> ParseFixed(const MethodName& name);
+MethodRegistration FixedMethod();
 
 }  // namespace amaq::quant

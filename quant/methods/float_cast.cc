@@ -35,14 +35,23 @@ class FloatCast : public Method {
   Scheme scheme_;
 };
 
-}  // namespace
-
 std::unique_ptr<Method> ParseFloatCast(const MethodName& name) {
   if (name.gradient) name.Refuse("float methods send gradients as they send activations; grad= is for quantized ones");
   if (!name.arguments.empty()) name.Refuse("a float cast takes no arguments");
   return std::make_unique<FloatCast>(name.name == "bf16"   ? Scheme::kBFloat16
                                      : name.name == "fp16" ? Scheme::kFloat16
                                                            : Scheme::kFloat32);
+}
+
+}  // namespace
+
+MethodRegistration FloatCastMethod() {
+  return {{"fp32", "none", "bf16", "fp16"},
+          ParseFloatCast,
+          "fp32 | bf16 | fp16",
+          {{"`fp32`", "activations and gradients as IEEE fp32 (no compression; the reference)"},
+           {"`bf16`, `fp16`", "16-bit casts"}},
+          {}};
 }
 
 }  // namespace amaq::quant

@@ -2,12 +2,10 @@
 // cast to 16 bits or sent as they are.
 #pragma once
 
-#include <memory>
-
 #include "quant/method.h"
 
 namespace amaq::quant {
 
-std::unique_ptr<Method> ParseFloatCast(const MethodName& name);
+MethodRegistration FloatCastMethod();
 
 }  // namespace amaq::quant
