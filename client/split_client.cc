@@ -480,12 +480,7 @@ int64_t SplitClient::LoadCheckpoint() {
   const std::string path = options_.checkpoint_dir + "/" + options_.client_id + ".pt";
   if (options_.checkpoint_dir.empty() || !options_.env->FileExists(path)) return 0;
   torch::serialize::InputArchive archive;
-  try {
-    archive.load_from(path);
-  } catch (const c10::Error& e) {
-    throw Error(ErrorCode::kDataLoss, path + ": client checkpoint is unreadable (" + e.what_without_backtrace() +
-                                          "): move it away to start fresh");
-  }
+  ReadArchive(*options_.env, path, "client checkpoint", archive);
   c10::IValue stored;
   const std::string run = archive.try_read("run", stored) ? stored.toStringRef() : "";  // absent before runs
   if (options_.fresh) {

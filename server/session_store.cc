@@ -36,18 +36,6 @@ void WriteArchive(torch::serialize::OutputArchive& archive, const std::string& p
   WriteFileAtomically(path, bytes.str(), &env);
 }
 
-// The archive at `path`, read through `env`; kDataLoss, saying what to do, when it is unreadable.
-void ReadArchive(torch::serialize::InputArchive& archive, const std::string& path, Env& env, const std::string& what) {
-  const std::string bytes = ReadFileToString(env, path);
-  try {
-    archive.load_from(bytes.data(), bytes.size());
-  } catch (const c10::Error& e) {
-    throw Error(ErrorCode::kDataLoss, path + ": " + what + " is unreadable (" + e.what_without_backtrace() +
-                                          "): move it away to start fresh");
-  }
-  RequireFiniteArchive(archive, path);
-}
-
 void SaveLora(torch::serialize::OutputArchive& archive, const std::string& prefix, const LoraState& lora) {
   for (size_t i = 0; i < lora.values.size(); ++i) archive.write(prefix + ".lora." + std::to_string(i), lora.values[i].to(torch::kCPU));
   torch::serialize::OutputArchive opt;
@@ -453,7 +441,8 @@ std::unique_ptr<Session> SessionStore::LoadEvicted(const std::string& client_id)
   const std::string path = EvictedPath(client_id);
   if (!env_.FileExists(path)) return nullptr;
   torch::serialize::InputArchive archive;
-  ReadArchive(archive, path, env_, "the evicted session of client " + client_id);
+  ReadArchive(env_, path, "the evicted session of client " + client_id, archive);
+  RequireFiniteArchive(archive, path);
   c10::IValue id;
   Require(archive.try_read("client", id) && id.isString(), ErrorCode::kDataLoss,
           path + ": the evicted session names no client: move it away to start client " + client_id + " fresh");
@@ -465,7 +454,8 @@ std::unique_ptr<Session> SessionStore::LoadEvicted(const std::string& client_id)
 void SessionStore::LoadCheckpoint() {
   const std::string path = CheckpointPath();
   torch::serialize::InputArchive archive;
-  ReadArchive(archive, path, env_, "the server checkpoint");
+  ReadArchive(env_, path, "server checkpoint", archive);
+  RequireFiniteArchive(archive, path);
   c10::IValue clients;
   archive.read("clients", clients);
   std::istringstream ids(clients.toStringRef());

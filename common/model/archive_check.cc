@@ -23,6 +23,16 @@ void CheckTensors(torch::serialize::InputArchive& archive, const std::string& pr
 
 }  // namespace
 
+void ReadArchive(Env& env, const std::string& path, const std::string& what, torch::serialize::InputArchive& archive) {
+  const std::string bytes = ReadFileToString(env, path);
+  try {
+    archive.load_from(bytes.data(), bytes.size());
+  } catch (const c10::Error& e) {
+    throw Error(ErrorCode::kDataLoss, path + ": " + what + " is unreadable (" + e.what_without_backtrace() +
+                                          "): move it away to start fresh");
+  }
+}
+
 void RequireFiniteArchive(torch::serialize::InputArchive& archive, const std::string& path) {
   CheckTensors(archive, "", path);
 }
