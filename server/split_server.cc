@@ -33,7 +33,6 @@ torch::Device PickDevice(const std::string& wanted) {
 
 }  // namespace
 
-
 SplitServer::SplitServer(ServerOptions options) : options_(std::move(options)) {
   config_ = ModelConfig::Load(options_.model_dir + "/config.json");
   Require(options_.cut_layer >= 0 && options_.cut_layer <= config_.num_hidden_layers, ErrorCode::kInvalidArgument,
