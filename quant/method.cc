@@ -63,6 +63,15 @@ void RegisterMethod(MethodRegistration registration) {
   const auto replaced = std::find_if(registry.begin(), registry.end(), [&](const MethodRegistration& r) {
     return std::find(r.names.begin(), r.names.end(), registration.names.front()) != r.names.end();
   });
+  for (const MethodSetting& setting : registration.settings) {
+    for (const MethodRegistration& other : registry) {
+      const bool declares = std::any_of(other.settings.begin(), other.settings.end(),
+                                        [&](const MethodSetting& s) { return s.key == setting.key; });
+      Require(!declares || (replaced != registry.end() && &other == &*replaced), ErrorCode::kInternal,
+              "method " + registration.names.front() + " declares setting " + setting.key + ", which method " +
+                  other.names.front() + " declares already: name a method's settings after the method");
+    }
+  }
   if (replaced != registry.end()) {
     *replaced = std::move(registration);
   } else {

@@ -77,8 +77,9 @@ struct MethodRegistration {
 };
 
 // Makes `registration` answer for its names, after the built-in methods (tests add their own
-// methods this way). A name or setting key registered before is replaced. Not thread-safe:
-// register before any Parse, and before a program declares its keys (quant/method_keys.h).
+// methods this way); one registered before under its first name is replaced. A setting key that
+// another method declares is refused (kInternal: keys are named after their method). Not
+// thread-safe: register before any Parse, and before a program declares its keys (method_keys.h).
 void RegisterMethod(MethodRegistration registration);
 // The methods of the table in method.cc, then those registered later, in that order.
 const std::vector<MethodRegistration>& RegisteredMethods();

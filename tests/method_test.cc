@@ -261,6 +261,21 @@ TEST(Method, AMethodRegisteredFromOutsideIsParsedAndMakesItsCodecs) {
   EXPECT_EQ(e.gradient_message.scheme, Scheme::kFloat16);
 }
 
+// A setting belongs to one method: another method cannot declare its key.
+TEST(Method, ASettingKeyOfAnotherMethodIsRefused) {
+  MethodRegistration copycat{{"copycat"}, [](const MethodName&) { return Method::Parse("bf16"); }, "copycat", {},
+                             {{"amaq_gate_lr", MethodSetting::Kind::kNumber, "copied", 0, 1, 0.5}}};
+  try {
+    RegisterMethod(copycat);
+    FAIL() << "a second declaration of amaq_gate_lr must be refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInternal);
+    EXPECT_NE(std::string(e.what()).find("amaq_gate_lr"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(Method::Parse("copycat"), Error) << "nothing was registered";
+  EXPECT_EQ(FindMethodSetting("amaq_gate_lr")->default_number, 0.01);
+}
+
 // docs/configuration.md's table of methods is the registry's (each method's rows where it registers).
 TEST(Method, TheDocsTableOfMethodsIsTheRegistrys) {
   std::ifstream in(std::string(AMAQ_SOURCE_DIR) + "/docs/configuration.md");
