@@ -37,7 +37,12 @@ void WriteFileAtomically(const std::string& path, const std::function<void(const
     env->RemoveFile(temp);
     throw;
   }
-  env->SyncDir(dir);
+  try {
+    env->SyncDir(dir);  // the rename made durable
+  } catch (const Error&) {
+    // The new file is in place; a file system that cannot sync a directory leaves the rename to its
+    // own flushing, as it always did here.
+  }
 }
 
 void WriteFileAtomically(const std::string& path, const std::vector<std::pair<const void*, size_t>>& parts, Env* env) {

@@ -1,8 +1,8 @@
 // Writing files so that a crash never leaves a half-written one: the bytes go to a temporary file
 // in the same directory, which is flushed to disk (sync) and then renamed over the target; the
-// directory is synced too. Either the old file or the complete new one survives. Errors (disk
-// full, no permission) throw amaq::Error, leave the old file untouched and remove the temporary
-// one. Every file operation goes through `env` (common/base/env.h; not owned).
+// directory is synced too, where the file system can. Either the old file or the complete new one
+// survives. Errors (disk full, no permission) throw amaq::Error, leave the old file untouched and
+// remove the temporary one. Every file operation goes through `env` (common/base/env.h; not owned).
 #pragma once
 
 #include <cstddef>

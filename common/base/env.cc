@@ -1,6 +1,7 @@
 #include "common/base/env.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -64,6 +65,36 @@ class PosixSequentialFile : public SequentialFile {
   int fd_;
 };
 
+class PosixRandomAccessFile : public RandomAccessFile {
+ public:
+  PosixRandomAccessFile(std::string path, int fd, uint64_t size) : path_(std::move(path)), fd_(fd), size_(size) {}
+  ~PosixRandomAccessFile() override { close(fd_); }
+  size_t Read(uint64_t offset, void* out, size_t size) const override {
+    size_t done = 0;
+    while (done < size) {
+      const ssize_t n = pread(fd_, static_cast<char*>(out) + done, size - done, static_cast<off_t>(offset + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) Fail("read", path_, errno);
+      if (n == 0) break;
+      done += static_cast<size_t>(n);
+    }
+    return done;
+  }
+  uint64_t size() const override { return size_; }
+
+ private:
+  std::string path_;
+  int fd_;
+  uint64_t size_;
+};
+
+// Opens `path` for reading: kNotFound, saying to check the path, when it cannot.
+int OpenForReading(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(ErrorCode::kNotFound, "cannot read '" + path + "': " + std::strerror(errno) + ": check the path");
+  return fd;
+}
+
 class PosixEnv : public Env {
  public:
   std::unique_ptr<WritableFile> NewWritableFile(const std::string& path) override {
@@ -72,11 +103,17 @@ class PosixEnv : public Env {
     return std::make_unique<PosixWritableFile>(path, fd);
   }
   std::unique_ptr<SequentialFile> NewSequentialFile(const std::string& path) override {
-    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      throw Error(ErrorCode::kNotFound, "cannot read '" + path + "': " + std::strerror(errno) + ": check the path");
+    return std::make_unique<PosixSequentialFile>(path, OpenForReading(path));
+  }
+  std::unique_ptr<RandomAccessFile> NewRandomAccessFile(const std::string& path) override {
+    const int fd = OpenForReading(path);
+    struct stat st {};
+    if (fstat(fd, &st) != 0) {
+      const int err = errno;
+      close(fd);
+      Fail("read the size of", path, err);
     }
-    return std::make_unique<PosixSequentialFile>(path, fd);
+    return std::make_unique<PosixRandomAccessFile>(path, fd, static_cast<uint64_t>(st.st_size));
   }
   void RenameFile(const std::string& from, const std::string& to) override {
     if (rename(from.c_str(), to.c_str()) != 0) Fail("rename into place", to, errno);
@@ -116,14 +153,6 @@ class PosixEnv : public Env {
 Env* Env::Default() {
   static PosixEnv* env = new PosixEnv;  // never destroyed: threads may use it until exit
   return env;
-}
-
-std::string ReadFileToString(Env& env, const std::string& path) {
-  const std::unique_ptr<SequentialFile> file = env.NewSequentialFile(path);
-  std::string bytes;
-  char buffer[1 << 16];
-  for (size_t n; (n = file->Read(buffer, sizeof buffer)) > 0;) bytes.append(buffer, n);
-  return bytes;
 }
 
 }  // namespace amaq

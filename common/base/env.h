@@ -37,6 +37,15 @@ class SequentialFile {
   virtual size_t Read(void* out, size_t size) = 0;
 };
 
+// A file read at any offset (a checkpoint archive, read where its index points).
+class RandomAccessFile {
+ public:
+  virtual ~RandomAccessFile() = default;
+  // Reads up to `size` bytes at `offset` into `out`; returns how many (fewer only at the end).
+  virtual size_t Read(uint64_t offset, void* out, size_t size) const = 0;
+  virtual uint64_t size() const = 0;
+};
+
 class Env {
  public:
   using Clock = std::chrono::steady_clock;
@@ -47,6 +56,8 @@ class Env {
   virtual std::unique_ptr<WritableFile> NewWritableFile(const std::string& path) = 0;
   // kNotFound when `path` is missing or unreadable.
   virtual std::unique_ptr<SequentialFile> NewSequentialFile(const std::string& path) = 0;
+  // kNotFound when `path` is missing or unreadable.
+  virtual std::unique_ptr<RandomAccessFile> NewRandomAccessFile(const std::string& path) = 0;
   // Atomically replaces `to` with `from` (same file system).
   virtual void RenameFile(const std::string& from, const std::string& to) = 0;
   // Returns whether there was a file to remove.
@@ -71,6 +82,9 @@ class EnvWrapper : public Env {
   std::unique_ptr<SequentialFile> NewSequentialFile(const std::string& path) override {
     return target_->NewSequentialFile(path);
   }
+  std::unique_ptr<RandomAccessFile> NewRandomAccessFile(const std::string& path) override {
+    return target_->NewRandomAccessFile(path);
+  }
   void RenameFile(const std::string& from, const std::string& to) override { target_->RenameFile(from, to); }
   bool RemoveFile(const std::string& path) override { return target_->RemoveFile(path); }
   bool FileExists(const std::string& path) override { return target_->FileExists(path); }
@@ -84,8 +98,5 @@ class EnvWrapper : public Env {
  private:
   Env* target_;
 };
-
-// The whole file at `path`, read through `env`.
-std::string ReadFileToString(Env& env, const std::string& path);
 
 }  // namespace amaq

@@ -24,9 +24,10 @@ void CheckTensors(torch::serialize::InputArchive& archive, const std::string& pr
 }  // namespace
 
 void ReadArchive(Env& env, const std::string& path, const std::string& what, torch::serialize::InputArchive& archive) {
-  const std::string bytes = ReadFileToString(env, path);
-  try {
-    archive.load_from(bytes.data(), bytes.size());
+  const std::unique_ptr<RandomAccessFile> file = env.NewRandomAccessFile(path);
+  try {  // read where the archive's index points, not copied whole into memory first
+    archive.load_from([&](uint64_t offset, void* out, size_t size) { return file->Read(offset, out, size); },
+                      [&] { return static_cast<size_t>(file->size()); });
   } catch (const c10::Error& e) {
     throw Error(ErrorCode::kDataLoss, path + ": " + what + " is unreadable (" + e.what_without_backtrace() +
                                           "): move it away to start fresh");
