@@ -227,7 +227,7 @@ std::vector<bool> CheckDeltaBases(const ActivationCache& cache, const FrameHeade
 AqsgdDecoded AqsgdReceiver::Decode(const uint8_t* data, size_t size, int64_t expected_rows_per_sample,
                                    int64_t expected_cols, int64_t expected_samples) {
   ByteReader r(data, size);
-  const FrameHeader h = ReadFrameHeader(r, data, limits_, expected_rows_per_sample, expected_cols, expected_samples);
+  FrameHeader h = ReadFrameHeader(r, data, limits_, expected_rows_per_sample, expected_cols, expected_samples);
   const auto full_size = r.Get<uint64_t>("full_part_size");
   const uint8_t* full_bytes = r.Take(full_size, "full_part");
   const auto delta_size = r.Get<uint64_t>("delta_part_size");
@@ -246,7 +246,7 @@ AqsgdDecoded AqsgdReceiver::Decode(const uint8_t* data, size_t size, int64_t exp
   const std::vector<bool> taken = CheckDeltaBases(cache_, h, tag);
 
   AqsgdDecoded out;
-  out.ids = h.ids;
+  out.ids = std::move(h.ids);
   out.rows_per_sample = static_cast<int64_t>(h.rows_per_sample);
   out.cols = static_cast<int64_t>(h.cols);
   const size_t sample_size = h.rows_per_sample * h.cols;

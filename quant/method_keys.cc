@@ -8,51 +8,49 @@
 namespace amaq::quant {
 namespace {
 
-// An integer setting's bound as the Config takes it (a bound past int64's range is none).
+// An integer setting's bound as the Config takes it (MethodSetting::kUnbounded: int64's own).
 int64_t IntegerBound(double bound) {
-  constexpr double kLimit = 9.2e18;
-  if (bound >= kLimit) return std::numeric_limits<int64_t>::max();
-  if (bound <= -kLimit) return std::numeric_limits<int64_t>::min();
+  constexpr double kInt64Range = 9223372036854775808.0;  // 2^63
+  if (bound >= kInt64Range) return std::numeric_limits<int64_t>::max();
+  if (bound <= -kInt64Range) return std::numeric_limits<int64_t>::min();
   return static_cast<int64_t>(bound);
 }
 
-void AddKeys(Config& config, const MethodSettings& defaults, unsigned side) {
+// Calls `visit` with every registered setting that the program of `side` takes.
+template <typename Visit>
+void ForEachSetting(unsigned side, const Visit& visit) {
   for (const MethodRegistration& method : RegisteredMethods()) {
     for (const MethodSetting& s : method.settings) {
-      if (!(s.sides & side)) continue;
-      switch (s.kind) {
-        case MethodSetting::Kind::kNumber:
-          config.AddDouble(s.key, defaults.Number(s.key), s.help, s.min, s.max);
-          break;
-        case MethodSetting::Kind::kInteger:
-          config.AddInt(s.key, defaults.Integer(s.key), s.help, IntegerBound(s.min), IntegerBound(s.max));
-          break;
-        case MethodSetting::Kind::kText:
-          config.AddString(s.key, defaults.Text(s.key), s.help);
-          break;
-      }
+      if (s.sides & side) visit(s);
     }
   }
+}
+
+void AddKeys(Config& config, const MethodSettings& defaults, unsigned side) {
+  ForEachSetting(side, [&](const MethodSetting& s) {
+    switch (s.kind) {
+      case MethodSetting::Kind::kNumber:
+        return config.AddDouble(s.key, defaults.Number(s.key), s.help, s.min, s.max);
+      case MethodSetting::Kind::kInteger:
+        return config.AddInt(s.key, defaults.Integer(s.key), s.help, IntegerBound(s.min), IntegerBound(s.max));
+      case MethodSetting::Kind::kText:
+        return config.AddString(s.key, defaults.Text(s.key), s.help);
+    }
+  });
 }
 
 MethodSettings SettingsFrom(const Config& config, unsigned side) {
   MethodSettings settings;
-  for (const MethodRegistration& method : RegisteredMethods()) {
-    for (const MethodSetting& s : method.settings) {
-      if (!(s.sides & side)) continue;
-      switch (s.kind) {
-        case MethodSetting::Kind::kNumber:
-          settings.Set(s.key, config.Double(s.key));
-          break;
-        case MethodSetting::Kind::kInteger:
-          settings.Set(s.key, static_cast<double>(config.Int(s.key)));
-          break;
-        case MethodSetting::Kind::kText:
-          settings.Set(s.key, config.String(s.key));
-          break;
-      }
+  ForEachSetting(side, [&](const MethodSetting& s) {
+    switch (s.kind) {
+      case MethodSetting::Kind::kNumber:
+        return settings.Set(s.key, config.Double(s.key));
+      case MethodSetting::Kind::kInteger:
+        return settings.Set(s.key, static_cast<double>(config.Int(s.key)));
+      case MethodSetting::Kind::kText:
+        return settings.Set(s.key, config.String(s.key));
     }
-  }
+  });
   return settings;
 }
 

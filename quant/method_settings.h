@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <string>
 
@@ -15,10 +16,11 @@ namespace amaq::quant {
 struct MethodSetting {
   enum class Kind { kNumber, kInteger, kText };
   enum Side : unsigned { kClient = 1, kServer = 2 };
+  static constexpr double kUnbounded = std::numeric_limits<double>::infinity();  // a range without an end
   std::string key;             // the config key, named after its method (amaq_gate_lr)
   Kind kind = Kind::kNumber;
   std::string help;            // as --help shows it
-  double min = 0, max = 0;     // the range of a number or an integer
+  double min = 0, max = 0;     // the range of a number or an integer (kUnbounded: none)
   double default_number = 0;   // kNumber, kInteger
   std::string default_text;    // kText
   unsigned sides = kClient;    // the programs that take it: kClient, kServer or both

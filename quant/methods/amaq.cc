@@ -154,7 +154,6 @@ std::unique_ptr<Method> ParseAmaq(const MethodName& name) {
 
 MethodRegistration AmaqMethod() {
   using Kind = MethodSetting::Kind;
-  const double kMaxSteps = 9.2e18;  // no limit (an int64)
   return {{"amaq"},
           ParseAmaq,
           "amaq[:<bmax>-><bmin>] | amaq[:<bmax>-><bmin>]:budget=<b>[:uniform]",
@@ -169,7 +168,7 @@ MethodRegistration AmaqMethod() {
            {"amaq_beta", Kind::kNumber, "AMAQ bit-regularizer weight beta", 0, 1e6, 0.01},
            {"amaq_gate_lr", Kind::kNumber, "AMAQ gates' Adam learning rate", 1e-9, 100, 0.01},
            {"amaq_warmup", Kind::kInteger, "AMAQ steps at bmax before the regularizer (or the budget's descent) starts", 0,
-            kMaxSteps, 0},
+            MethodSetting::kUnbounded, 0},
            {"amaq_ramp_fraction", Kind::kNumber,
             "AMAQ budget: share of the steps after the warm-up spent descending to the target", 0.01, 1, 0.5}}};
 }
