@@ -59,11 +59,13 @@ class Comparisons(unittest.TestCase):
 
 FAKE_RUN = textwrap.dedent("""\
     #!/usr/bin/python3
-    # Stands in for amaq-study: writes a result and counts its invocations.
-    import json, sys
+    # Stands in for amaq-study: writes a result and counts its invocations (and their niceness).
+    import json, os, sys
     args = dict(a[2:].split("=", 1) for a in sys.argv[1:])
     with open(args["counter"], "a") as f:
         f.write(args["method"] + " " + args["seed"] + "\\n")
+    with open(args["counter"] + ".nice", "a") as f:
+        f.write(str(os.nice(0)) + "\\n")
     result = dict(task=args["task"], method=args["method"], seed=int(args["seed"]), steps=8, eval_split="report",
                   eval_examples=100, metric=0.3 + 0.01 * int(args["seed"]), correct=30, bits_mean=4.0, bits_q1=8,
                   bits_q2=4, bits_q3=3, bits_q4=3, bits_last_quarter=3.0, train_bytes_up=1000, train_bytes_down=900,
@@ -98,7 +100,14 @@ class Resume(unittest.TestCase):
             subprocess.run(command, check=True, capture_output=True)
             with open(counter) as f:
                 self.assertEqual(len(f.readlines()), 4)
+            with open(counter + ".nice") as f:
+                self.assertEqual(set(f.read().split()), {str(min(19, os.nice(0) + 10))}, "runs at lower priority")
             os.remove(os.path.join(out, "runs", "wordnet__bf16__s2.json"))  # one run lost
+            subprocess.run(command + ["--report"], check=True, capture_output=True)
+            with open(os.path.join(out, "report.md")) as f:
+                self.assertIn("1 of the grid's 4 runs are not finished: wordnet__bf16__s2.", f.read())
+            with open(counter) as f:
+                self.assertEqual(len(f.readlines()), 4, "--report runs nothing")
             second = subprocess.run(command, check=True, capture_output=True, text=True)
             with open(counter) as f:
                 calls = f.read().split("\n")
@@ -108,7 +117,9 @@ class Resume(unittest.TestCase):
                 self.assertEqual(len(f.readlines()), 5)  # header + 4 runs
             self.assertTrue(os.path.exists(os.path.join(out, "frontier-wordnet.png")))
             with open(os.path.join(out, "report.md")) as f:
-                self.assertIn("| bf16 | fixed:3:channel | +0.0000 |", f.read())
+                text = f.read()
+            self.assertIn("| bf16 | fixed:3:channel | +0.0000 |", text)
+            self.assertIn("None: all 4 runs of the grid are finished.", text)
 
     def test_included_folders_count_as_done_and_are_reported(self):
         with tempfile.TemporaryDirectory() as d:
