@@ -184,6 +184,7 @@ int64_t GrpcTransport::Join(const JoinInfo& info) {
   if (reply.max_chunk_bytes() > 0) max_chunk_bytes_ = reply.max_chunk_bytes();
   server_decode_cache_ = reply.decode_cache();
   server_micro_batches_ = reply.micro_batches();
+  server_score_targets_ = reply.score_targets();
   return reply.last_applied_step();
 }
 

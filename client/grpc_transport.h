@@ -51,6 +51,7 @@ class GrpcTransport : public Transport {
   void ReportMetric(int64_t step, const std::string& name, double value) override;
   bool server_decodes_with_cache() const override { return server_decode_cache_; }
   bool server_takes_micro_batches() const override { return server_micro_batches_; }
+  bool server_scores_targets() const override { return server_score_targets_; }
   uint64_t bytes_up() const override;
   uint64_t bytes_down() const override;
   // The relay in front of the channel (null without metering): tests use it to break the link.
@@ -90,6 +91,7 @@ class GrpcTransport : public Transport {
   int max_chunk_bytes_ = 1 << 20;
   bool server_decode_cache_ = false;  // from the last JoinReply (older servers: false)
   bool server_micro_batches_ = false; // from the last JoinReply (older servers: false)
+  bool server_score_targets_ = false; // from the last JoinReply (older servers: false)
   uint64_t message_up_ = 0, message_down_ = 0;  // gRPC messages' bytes (FramedBytes), when not metering
 };
 

@@ -362,12 +362,13 @@ bool SplitClient::BeginsNextDuring(const InFlight& f) const {
          (options_.checkpoint_dir.empty() || !every(options_.checkpoint_every));
 }
 
-double SplitClient::Evaluate() {
+double SplitClient::Evaluate(std::vector<std::string>* predicted) {
   torch::NoGradGuard no_grad;
   part_->eval();
-  // The client part's output [B, T, H] to the server, as an evaluation step of `kind`.
-  const auto send = [&](const torch::Tensor& hidden, const torch::Tensor& mask, const torch::Tensor& labels, StepKind kind,
-                        DecodeCache cache) {
+  // The client part's output [B, T, H] to the server, as an evaluation step of `kind` (SCORE steps
+  // carry `targets` and no labels).
+  const auto send = [&](const torch::Tensor& hidden, const torch::Tensor& mask, StepKind kind, DecodeCache cache,
+                        const ScoreTargets& targets = {}) {
     const int64_t rows = hidden.size(0) * hidden.size(1);
     StepInput input;
     input.kind = kind;
@@ -375,37 +376,39 @@ double SplitClient::Evaluate() {
     input.batch = hidden.size(0);
     input.tokens = hidden.size(1);
     input.mask = Flat(mask);
-    input.labels = labels.defined() ? Flat(labels) : std::vector<int32_t>(static_cast<size_t>(rows), -100);
+    if (kind != StepKind::kScore) input.labels.assign(static_cast<size_t>(rows), -100);
+    input.targets = targets;
     input.activation = codec_->EncodeEvaluation(hidden.to(torch::kFloat).reshape({rows, config_.hidden_size}));
+    evaluation_tokens_ += rows;
     return Exchange(input);
-  };
-  const auto remote = [&](const torch::Tensor& ids, const torch::Tensor& mask, const torch::Tensor& labels, StepKind kind) {
-    return send(part_(ids, mask), mask, labels, kind, DecodeCache::kNone);
   };
   const std::vector<Example> examples(data_.validation.begin(),
                                       data_.validation.begin() + std::min<int64_t>(options_.eval_examples, data_.validation.size()));
   if (data_.is_classification()) {
-    const SequenceScorer score = [&](const Batch& b) {
-      const StepResult r = remote(b.ids, b.mask, b.labels, StepKind::kScore);
-      Require(!r.scores.empty() && r.scores.size() % static_cast<size_t>(b.ids.size(0)) == 0, ErrorCode::kDataLoss,
+    Require(transport_.server_scores_targets(), ErrorCode::kFailedPrecondition,
+            "the server is an older amaq-server that scores labels, not targets (docs/protocol.md): update it to evaluate");
+    const CandidateScorer score = [&](const CandidateBatch& b) {
+      const StepResult r = send(part_(b.ids, b.mask), b.mask, StepKind::kScore, DecodeCache::kNone, b.targets);
+      Require(static_cast<int64_t>(r.scores.size()) == b.ids.size(0) * b.targets.count, ErrorCode::kDataLoss,
               "the server returned " + std::to_string(r.scores.size()) + " scores for " + std::to_string(b.ids.size(0)) +
-                  " rows: the server and this client disagree; update both");
-      return torch::tensor(r.scores).view({b.ids.size(0), -1});
+                  " rows of " + std::to_string(b.targets.count) + " candidates: the server and this client disagree; update both");
+      return torch::tensor(r.scores).view({b.ids.size(0), b.targets.count});
     };
-    return ClassificationAccuracy(score, *encoder_, data_, examples, options_.eval_batch, config_.max_position_embeddings);
+    return ClassificationAccuracy(score, *encoder_, data_, examples, options_.eval_batch, config_.max_position_embeddings,
+                                  predicted);
   }
   if (transport_.server_decodes_with_cache()) {
     // Both sides keep their keys and values: a new token crosses the cut as one row per sequence.
     CachedDecoder decoder(part_, [&](const torch::Tensor& hidden, const torch::Tensor& mask, bool start) {
-      const StepResult r = send(hidden, mask, torch::Tensor(), StepKind::kNextToken, start ? DecodeCache::kStart : DecodeCache::kExtend);
+      const StepResult r = send(hidden, mask, StepKind::kNextToken, start ? DecodeCache::kStart : DecodeCache::kExtend);
       return torch::tensor(r.next_tokens, torch::kLong);
     });
-    return ExactMatch(decoder, *encoder_, examples, 12, options_.eval_batch);
+    return ExactMatch(decoder, *encoder_, examples, 12, options_.eval_batch, predicted);
   }
   RecomputingDecoder decoder([&](const torch::Tensor& ids, const torch::Tensor& mask) {  // an older server
-    return torch::tensor(remote(ids, mask, torch::Tensor(), StepKind::kNextToken).next_tokens, torch::kLong);
+    return torch::tensor(send(part_(ids, mask), mask, StepKind::kNextToken, DecodeCache::kNone).next_tokens, torch::kLong);
   });
-  return ExactMatch(decoder, *encoder_, examples, 12, options_.eval_batch);
+  return ExactMatch(decoder, *encoder_, examples, 12, options_.eval_batch, predicted);
 }
 
 NamedFloats SplitClient::Adapter() {
@@ -446,6 +449,26 @@ void SplitClient::WriteCsv(const StepRecord& r) {
        << r.average_bits << ',' << (r.metric ? std::to_string(*r.metric) : "") << ',' << r.seconds << ','
        << (r.applied ? 1 : 0) << '\n';
   csv_.flush();
+}
+
+namespace {
+
+// A CSV field: quoted, with quotes doubled (answers may hold commas, quotes and newlines).
+std::string CsvField(const std::string& text) {
+  std::string out = "\"";
+  for (char c : text) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return out + "\"";
+}
+
+}  // namespace
+
+void SplitClient::WritePredictions(const std::vector<std::string>& predicted) {
+  std::string text = "example,expected,predicted,correct\n";
+  for (size_t i = 0; i < predicted.size(); ++i) {
+    const std::string& expected = data_.validation[i].completion;
+    text += std::to_string(i) + "," + CsvField(expected) + "," + CsvField(predicted[i]) + "," + (expected == predicted[i] ? "1" : "0") + "\n";
+  }
+  WriteFileAtomically(options_.predictions_path, text, options_.env);
 }
 
 void SplitClient::TrySaveCheckpoint(int64_t next_step) {
@@ -568,7 +591,11 @@ double SplitClient::Run() {
     if ((step + 1) % options_.checkpoint_every == 0) TrySaveCheckpoint(client_next_);
   }
   SaveCheckpoint(client_next_);
-  const double metric = Evaluate();
+  const auto evaluation_started = std::chrono::steady_clock::now();
+  std::vector<std::string> predicted;
+  const double metric = Evaluate(options_.predictions_path.empty() ? nullptr : &predicted);
+  const double evaluation_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - evaluation_started).count();
+  if (!options_.predictions_path.empty()) WritePredictions(predicted);
   ReportMetric(step, metric);
   StepRecord last = records_.empty() ? StepRecord{} : records_.back();
   last.step = step - 1;  // the final evaluation's row is that of the last step (the CSV: steps done)
@@ -576,7 +603,7 @@ double SplitClient::Run() {
   last.wire_up = transport_.bytes_up();
   last.wire_down = transport_.bytes_down();
   last.up = last.down = quant::ByteCount{};
-  last.seconds = 0;
+  last.seconds = evaluation_seconds;
   records_.push_back(last);
   WriteCsv(last);
   if (options_.progress) progress.Finish((data_.is_classification() ? "accuracy " : "exact match ") + std::to_string(metric));

@@ -68,6 +68,7 @@ struct ClientOptions {
   int64_t eval_batch = 32;
   quant::MethodSettings method_settings;  // the method's own settings (quant/method_settings.h)
   std::string csv_path;          // empty: no CSV
+  std::string predictions_path;  // empty: none; else the final evaluation's answers per example (CSV)
   std::string checkpoint_dir;    // empty: no checkpoints
   int64_t checkpoint_every = 50;
   std::string adapter_out;       // empty: no PEFT export at the end (the whole fine-tune: client/adapter_export.h)
@@ -116,7 +117,11 @@ class SplitClient {
   // for the server's sake, but the client's own weights are left as they are: each side applies
   // each step once.
   StepRecord TrainStep(int64_t step);
-  double Evaluate();
+  // The metric on options.eval_examples validation examples, through the server; with
+  // `predicted`, each example's answer there (the label chosen, or the text generated).
+  double Evaluate(std::vector<std::string>* predicted = nullptr);
+  // Tokens of the rows evaluations have sent to the server so far (padding included).
+  int64_t evaluation_tokens() const { return evaluation_tokens_; }
   // Collaborative mode: replaces this client's LoRA weights by the average over clients. Throws
   // amaq::Error (kDataLoss), keeping its own weights, when the average lacks a tensor or holds a
   // value that is not finite.
@@ -170,6 +175,9 @@ class SplitClient {
   // logged, not thrown.
   void ReportMetric(int64_t steps_done, double metric);
   void WriteCsv(const StepRecord& r);
+  // predictions_path: each evaluated example's index, expected and predicted answer, and whether
+  // they agree (written whole, atomically).
+  void WritePredictions(const std::vector<std::string>& predicted);
   void SaveCheckpoint(int64_t next_step);
   // A failed periodic checkpoint is logged and training goes on (the previous one is intact).
   void TrySaveCheckpoint(int64_t next_step);
@@ -195,6 +203,7 @@ class SplitClient {
   // One step stale: what the last optimizer step added to each LoRA weight (empty before the
   // first; kept in checkpoints, so a resumed run predicts as the uninterrupted one).
   std::vector<torch::Tensor> last_update_;
+  int64_t evaluation_tokens_ = 0;
   int64_t joins_ = 0;        // joins so far: a step sent on an earlier join's stream was lost with it
   std::chrono::steady_clock::time_point finished_at_;  // when the last step finished
 };

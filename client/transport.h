@@ -34,6 +34,8 @@ class Transport {
   virtual bool server_decodes_with_cache() const { return true; }
   // Whether the server joined last takes TRAIN steps in parts (StepInput::micro_batch).
   virtual bool server_takes_micro_batches() const { return true; }
+  // Whether the server joined last scores SCORE steps' targets (StepInput::targets).
+  virtual bool server_scores_targets() const { return true; }
   // Bytes sent and received so far, as the transport measures them (the sockets, for gRPC).
   virtual uint64_t bytes_up() const = 0;
   virtual uint64_t bytes_down() const = 0;

@@ -30,6 +30,7 @@ class LocalTransport : public client::Transport {
     reply.set_server_id(server_id_);
     reply.set_max_chunk_bytes(static_cast<int32_t>(max_chunk_bytes_));
     reply.set_decode_cache(true);
+    reply.set_score_targets(true);
     reply.set_micro_batches(direct_.server_takes_micro_batches());
     up_ += FramedBytes(JoinRequestOf(info));
     down_ += FramedBytes(reply);

@@ -51,6 +51,12 @@ std::vector<v1::StepRequest> StepRequests(const StepInput& input, size_t max_chu
       *r.mutable_attention_mask() = {input.mask.begin(), input.mask.end()};
       *r.mutable_labels() = {input.labels.begin(), input.labels.end()};
       r.set_cache(static_cast<v1::StepRequest::DecodeCache>(input.cache));
+      if (input.kind == StepKind::kScore) {
+        r.set_candidates(static_cast<int32_t>(input.targets.count));
+        *r.mutable_target_positions() = {input.targets.positions.begin(), input.targets.positions.end()};
+        *r.mutable_target_tokens() = {input.targets.tokens.begin(), input.targets.tokens.end()};
+        *r.mutable_target_candidates() = {input.targets.candidates.begin(), input.targets.candidates.end()};
+      }
       if (input.micro_batches != 1) {
         r.set_micro_batch(input.micro_batch);
         r.set_micro_batches(input.micro_batches);

@@ -378,6 +378,7 @@ grpc::ServerUnaryReactor* SplitTrainingService::Join(grpc::CallbackServerContext
     reply->set_max_chunk_bytes(options_.max_chunk_bytes);
     reply->set_decode_cache(true);
     reply->set_micro_batches(server_.takes_micro_batches());
+    reply->set_score_targets(true);
     CountTraffic(request->client_id(), request->ByteSizeLong(), reply->ByteSizeLong());
   } catch (const std::exception& e) {
     status = ToStatus(e);

@@ -287,9 +287,10 @@ StepResult SplitServer::Evaluate(Session& s, const StepInput& in, const torch::T
     return result;
   }
   if (in.kind == StepKind::kScore) {
-    const torch::Tensor labels = StepTensor(in.labels, in, device_);
-    const torch::Tensor logits = part_->LogitsAtLabels(x, mask, labels);
-    const torch::Tensor scores = SequenceLogProbs(logits, labels, mask).to(torch::kCPU, torch::kFloat).contiguous();
+    const torch::Tensor scores =
+        TargetLogProbs(part_->Body(x, mask), [this](const torch::Tensor& h) { return part_->Head(h); }, in.targets)
+            .to(torch::kCPU, torch::kFloat)
+            .contiguous();
     result.scores.assign(scores.data_ptr<float>(), scores.data_ptr<float>() + scores.numel());
   } else {
     const torch::Tensor next = LastTokenArgmax(part_(x, mask), mask).to(torch::kCPU).contiguous();

@@ -25,6 +25,10 @@ bool StepAssembler::Add(const amaq::v1::StepRequest& chunk) {
       input_.tokens = chunk.tokens();
       input_.mask.assign(chunk.attention_mask().begin(), chunk.attention_mask().end());
       input_.labels.assign(chunk.labels().begin(), chunk.labels().end());
+      input_.targets.count = chunk.candidates();
+      input_.targets.positions.assign(chunk.target_positions().begin(), chunk.target_positions().end());
+      input_.targets.tokens.assign(chunk.target_tokens().begin(), chunk.target_tokens().end());
+      input_.targets.candidates.assign(chunk.target_candidates().begin(), chunk.target_candidates().end());
       Require(amaq::v1::StepRequest::DecodeCache_IsValid(chunk.cache()), ErrorCode::kInvalidArgument,
               "unknown decoding cache " + std::to_string(chunk.cache()) + ": use NO_CACHE, START_CACHE or EXTEND_CACHE");
       input_.cache = static_cast<DecodeCache>(chunk.cache());

@@ -30,13 +30,19 @@ StepCost EstimateStepCost(const ModelConfig& c, int64_t server_layers, int64_t l
   const double heads = static_cast<double>(c.num_attention_heads);
   const double q = heads * static_cast<double>(HeadDim(c)), kv = static_cast<double>(KvHeads(c) * HeadDim(c));
   const double layers = static_cast<double>(server_layers);
-  double head_rows = rows;  // NEXT_TOKEN: the last position of each row
-  if (in.kind != StepKind::kNextToken) {
-    head_rows = static_cast<double>(std::count_if(in.labels.begin(), in.labels.end(), [](int32_t l) { return l != -100; }));
+  // The positions the head runs on (NEXT_TOKEN: the last of each row; SCORE: at most one per
+  // target), and how many of them are held at once (SCORE: kHeadRowsAtOnce, evaluate.h).
+  double head_rows = rows, held_head_rows = rows;
+  if (in.kind == StepKind::kTrain) {
+    head_rows = held_head_rows =
+        static_cast<double>(std::count_if(in.labels.begin(), in.labels.end(), [](int32_t l) { return l != -100; }));
+  } else if (in.kind == StepKind::kScore) {
+    head_rows = static_cast<double>(in.targets.positions.size());
+    held_head_rows = std::min(head_rows, static_cast<double>(kHeadRowsAtOnce));
   }
   const double per_token_layer = 8 * h + 4 * inter + 14 * static_cast<double>(lora_rank);
   const double layer_bytes = n * per_token_layer * kFloat + 3 * rows * heads * tokens * keys * kFloat;
-  const double head_bytes = head_rows * static_cast<double>(c.vocab_size) * kFloat;
+  const double head_bytes = held_head_rows * static_cast<double>(c.vocab_size) * kFloat;
   const double forward_flops = layers * (2 * n * (h * q + 2 * h * kv + q * h + 3 * h * inter) + 4 * rows * tokens * keys * q) +
                                2 * head_rows * h * static_cast<double>(c.vocab_size);
   StepCost cost;

@@ -7,7 +7,7 @@
 // 4 x intermediate + the LoRA's rank-sized intermediates per token) and attention scores,
 // probabilities and the softmax's temporary (3 x rows x heads x tokens x keys), then the logits of
 // the labelled positions, their softmax and gradient; for SCORE and NEXT_TOKEN one layer's worth at
-// a time and the logits. Compute counts the projections, attention and head, three times over for
+// a time and the logits (SCORE: of kHeadRowsAtOnce positions at a time). Compute counts the projections, attention and head, three times over for
 // TRAIN (forward and backward).
 #pragma once
 

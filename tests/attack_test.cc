@@ -60,10 +60,11 @@ TEST_F(Network, StepLongerThanTheModelsPositionsIsRefused) {
   r.set_kind(StepRequest::SCORE);
   r.set_batch(1);
   r.set_tokens(4096);
-  for (int i = 0; i < 4096; ++i) {
-    r.add_attention_mask(1);
-    r.add_labels(3);
-  }
+  for (int i = 0; i < 4096; ++i) r.add_attention_mask(1);
+  r.set_candidates(1);
+  r.add_target_positions(0);
+  r.add_target_tokens(3);
+  r.add_target_candidates(0);
   r.set_chunk_count(1);
   r.set_payload("x");
   const grpc::Status status = SendSteps(*stub, {r});
@@ -672,7 +673,7 @@ TEST_F(Network, MutualTlsThroughTheFrontDoorBindsTheCertificateToTheTokensClient
   EXPECT_FALSE(RawJoin(*RawStub(), kToken1, "client-1", "bf16").ok()) << "no certificate, no connection";
 }
 
-// A step of `batch` x `tokens` whose every token is real (TRAIN and SCORE: labelled after the
+// A step of `batch` x `tokens` whose every token is real (TRAIN: labelled after the
 // first), carrying `payload` in one chunk; and the same step as the server's estimator sees it.
 StepRequest ShapedStep(StepRequest::Kind kind, int batch, int tokens, StepRequest::DecodeCache cache, const std::string& payload) {
   StepRequest r;

@@ -11,6 +11,7 @@
 #include "common/model/decoders.h"
 #include "common/model/evaluate.h"
 #include "common/text/sentencepiece_tokenizer.h"
+#include "candidate_scores.h"
 #include "tiny_model.h"
 
 namespace amaq {
@@ -57,59 +58,52 @@ TEST(Evaluate, SequenceLogProbsAndArgmax) {
   const torch::Tensor lp = torch::log_softmax(logits, -1);
   const double row0 = lp[0][0][3].item<double>() + lp[0][1][1].item<double>();
   const double row1 = lp[1][1][4].item<double>() + lp[1][2][0].item<double>();
-  const torch::Tensor got = SequenceLogProbs(AtLabels(logits, labels), labels, torch::ones({2, 4}, torch::kLong));
+  const torch::Tensor got = SequenceLogProbs(AtLabels(logits, labels), labels);
   ASSERT_EQ(got.sizes(), (std::vector<int64_t>{2, 1}));
   EXPECT_NEAR(got[0][0].item<double>(), row0, 1e-5);
   EXPECT_NEAR(got[1][0].item<double>(), row1, 1e-5);
-  // Packed: row 0 holds segments 2 (positions 1-2) and 3 (position 3); a label counts for the
-  // segment of the token it predicts.
-  const torch::Tensor packed_labels = torch::tensor({{-100, 3, 1, 2}, {-100, -100, 4, 0}});
-  const torch::Tensor packed = SequenceLogProbs(AtLabels(logits, packed_labels), packed_labels,
-                                                torch::tensor({{1, 2, 2, 3}, {1, 1, 2, 2}}));
-  ASSERT_EQ(packed.sizes(), (std::vector<int64_t>{2, 2}));
-  EXPECT_NEAR(packed[0][0].item<double>(), row0, 1e-5);
-  EXPECT_NEAR(packed[0][1].item<double>(), lp[0][2][2].item<double>(), 1e-5);
-  EXPECT_NEAR(packed[1][0].item<double>(), row1, 1e-5);
-  EXPECT_EQ(packed[1][1].item<double>(), 0.0) << "a segment the row lacks scores 0";
   const torch::Tensor mask = torch::tensor({{1, 1, 0, 0}, {1, 1, 1, 1}});
   const torch::Tensor next = LastTokenArgmax(logits, mask);
   EXPECT_EQ(next[0].item<int64_t>(), logits[0][1].argmax().item<int64_t>());
   EXPECT_EQ(next[1].item<int64_t>(), logits[1][3].argmax().item<int64_t>());
 }
 
-// Packing every label after one prompt computes, per segment, what the row (prompt, label) alone
-// computes: the same scores as one forward per candidate, with the prompt computed once.
-TEST(Evaluate, PackedCandidatesScoreAsSeparateRows) {
+// Scoring every label after one prompt computes what the row (prompt, label) alone gives each
+// label: the same log-probabilities as one forward per candidate, with the prompt, the tokens every
+// label begins with and the distribution after them computed once.
+TEST(Evaluate, CandidateTargetsScoreAsSeparateRows) {
   const std::string dir = TinyModelDir("packed");
   const auto tokenizer = Tokenizer::Load(dir);
   const ModelConfig config = ModelConfig::Load(dir + "/config.json");
   ModelPart model(config, PartSpec::Whole(config));
   LoadPartWeights(model, dir);
   model->eval();
-  torch::NoGradGuard no_grad;
-  const std::vector<std::string> labels = {"animal", "plant", "a domesticated tree", "walked"};
   const Example a{"dog: a domesticated animal\ntopic:", "", 0}, b{"oak:", "", 1};
-  // The longest candidate's row, and a max_tokens that cuts two of its prompt tokens.
+  // Labels with nothing in common, and labels that all begin alike (one of them is only that).
+  const std::vector<std::string> apart = {"animal", "plant", "a domesticated tree", "walked"};
+  const std::vector<std::string> alike = {"past tense of walk", "past tense", "past tense of jump"};
   const ExampleEncoder wide(*tokenizer, 1, 2, 64);
-  const auto longest_pair = wide.Encode(a.prompt, labels[2]);
-  const auto cut = static_cast<int64_t>(longest_pair.prompt.size() + longest_pair.completion.size());
-  for (int64_t max_tokens : {int64_t{64}, cut}) {
-    const ExampleEncoder encoder(*tokenizer, 1, 2, max_tokens);
-    const Batch packed = encoder.MakeCandidateBatch({&a, &b}, labels);
-    const torch::Tensor scores = SequenceLogProbs(model->LogitsAtLabels(packed.ids, packed.mask, packed.labels), packed.labels, packed.mask);
-    ASSERT_EQ(scores.sizes(), (std::vector<int64_t>{2, 4}));
-    for (size_t k = 0; k < labels.size(); ++k) {
-      // The separate row of the longest candidate is cut exactly as the packed prompt.
-      if (max_tokens == cut && k != 2) continue;
-      const Example ak{a.prompt, labels[k], 0}, bk{b.prompt, labels[k], 1};
-      const Batch row = encoder.MakeBatch({&ak, &bk}, {0, 0});
-      const torch::Tensor expected = SequenceLogProbs(model->LogitsAtLabels(row.ids, row.mask, row.labels), row.labels, row.mask);
-      for (int64_t e = 0; e < 2; ++e) {
-        EXPECT_NEAR(scores[e][static_cast<int64_t>(k)].item<double>(), expected[e][0].item<double>(), 1e-4)
-            << "example " << e << ", label " << labels[k] << ", max_tokens " << max_tokens;
-      }
+  ASSERT_GE(wide.Encode(a.prompt, alike[0]).completion.size(), 3u);
+  for (const auto* labels : {&apart, &alike}) {
+    // A max_tokens that leaves the prompts whole, and one that cuts two tokens of the longest
+    // label's row (the prompt is cut as that row's is).
+    size_t longest = 0;
+    for (const std::string& l : *labels) {
+      const auto pair = wide.Encode(a.prompt, l);
+      longest = std::max(longest, pair.prompt.size() + pair.completion.size());
+    }
+    for (int64_t max_tokens : {int64_t{64}, static_cast<int64_t>(longest)}) {
+      EXPECT_TRUE(testing::CandidatesScoreAsSeparateRows(model, *tokenizer, 1, 2, max_tokens, {a, b}, *labels, 1e-5))
+          << "max_tokens " << max_tokens;
     }
   }
+  // The rows hold fewer tokens than the old packing (each label's segment without the prompt's
+  // last token and EOS), and the shared tokens once.
+  const CandidateBatch packed = wide.MakeCandidateBatch({&a}, alike);
+  const size_t prompt = wide.Encode(a.prompt, alike[0]).prompt.size(), shared = wide.Encode(a.prompt, alike[1]).completion.size();
+  int64_t own = 0;
+  for (const std::string& l : alike) own += static_cast<int64_t>(wide.Encode(a.prompt, l).completion.size() - shared);
+  EXPECT_EQ(packed.ids.size(1), static_cast<int64_t>(1 + prompt + shared) + own);
 }
 
 TEST(Evaluate, AccuracyAndExactMatchCountCorrectly) {
@@ -122,13 +116,11 @@ TEST(Evaluate, AccuracyAndExactMatchCountCorrectly) {
   // A scorer that likes "plant": right on one of three.
   const std::vector<int64_t> plant = encoder.Encode("x", "plant").completion;
   int scored_batches = 0;
-  const SequenceScorer prefers_plant = [&](const Batch& b) {  // packed rows: one score per segment
+  const CandidateScorer prefers_plant = [&](const CandidateBatch& b) {  // one score per candidate
     ++scored_batches;
-    torch::Tensor s = torch::zeros({b.ids.size(0), b.mask.max().item<int64_t>() - 1});
-    for (int64_t r = 0; r < b.ids.size(0); ++r) {
-      for (int64_t t = 0; t < b.ids.size(1); ++t) {
-        if (b.labels[r][t].item<int64_t>() == plant[0]) s[r][b.mask[r][t].item<int64_t>() - 2] = 1.0;
-      }
+    torch::Tensor s = torch::zeros({b.ids.size(0), b.targets.count});
+    for (size_t i = 0; i < b.targets.positions.size(); ++i) {
+      if (b.targets.tokens[i] == plant[0]) s[b.targets.positions[i] / b.ids.size(1)][b.targets.candidates[i]] = 1.0;
     }
     return s;
   };

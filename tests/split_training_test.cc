@@ -1227,6 +1227,43 @@ TEST_F(ServerGuards, MalformedStepsAreRefusedAndStateIsKept) {
   EXPECT_FALSE(server_->Step("c", Valid(1)).duplicate);  // still serving after the refusals
 }
 
+// SCORE steps score targets (docs/protocol.md): one score per row and candidate, each the sum of
+// its targets' log-probabilities; targets outside the step, on padding, of unknown tokens or
+// candidates, and labels on SCORE steps or targets on others are refused, and nothing changes.
+TEST_F(ServerGuards, ScoreStepsScoreTheirTargetsAndBadTargetsAreRefused) {
+  StepInput score = Valid(0);
+  score.kind = StepKind::kScore;
+  score.labels.clear();
+  score.mask = {1, 1, 1, 0};
+  score.targets = {{0, 1, 2, 2}, {5, 6, 7, 8}, {0, 0, 0, 1}, 2};
+  const StepResult two = server_->Step("c", score);
+  ASSERT_EQ(two.scores.size(), 2u);
+  StepInput apart = score;  // candidate 0's three targets as three candidates: they sum to its score
+  apart.targets = {{0, 1, 2}, {5, 6, 7}, {0, 1, 2}, 3};
+  const StepResult three = server_->Step("c", apart);
+  ASSERT_EQ(three.scores.size(), 3u);
+  for (float s : three.scores) EXPECT_LT(s, 0.0f);
+  EXPECT_NEAR(three.scores[0] + three.scores[1] + three.scores[2], two.scores[0], 1e-4);
+  const auto refused = [&](const std::function<void(StepInput&)>& spoil) {
+    StepInput bad = score;
+    spoil(bad);
+    return CodeOf(bad) == ErrorCode::kInvalidArgument;
+  };
+  EXPECT_TRUE(refused([](StepInput& in) { in.targets.positions[3] = 3; })) << "padding";
+  EXPECT_TRUE(refused([](StepInput& in) { in.targets.positions[3] = 4; })) << "outside batch x tokens";
+  EXPECT_TRUE(refused([](StepInput& in) { in.targets.tokens[0] = 999; })) << "above the vocabulary";
+  EXPECT_TRUE(refused([](StepInput& in) { in.targets.candidates[3] = 2; })) << "candidate beyond count";
+  EXPECT_TRUE(refused([](StepInput& in) { in.targets.count = 0; }));
+  EXPECT_TRUE(refused([](StepInput& in) { in.targets.tokens.pop_back(); })) << "lists of different lengths";
+  EXPECT_TRUE(refused([](StepInput& in) { in.targets = {}; in.targets.count = 1; })) << "no target";
+  EXPECT_TRUE(refused([](StepInput& in) { in.labels = {-100, 5, 6, 7}; })) << "labels on a SCORE step";
+  StepInput train = Valid(0);
+  train.targets = score.targets;
+  EXPECT_EQ(CodeOf(train), ErrorCode::kInvalidArgument) << "targets on a TRAIN step";
+  EXPECT_EQ(server_->Stats().at("c").steps, 0);
+  EXPECT_FALSE(server_->Step("c", Valid(0)).duplicate);
+}
+
 TEST_F(ServerGuards, RateLimitRefusesFastClients) {
   server::ServerOptions o = ServerFor(dir_);
   o.max_steps_per_second = 0.5;

@@ -37,12 +37,24 @@ struct JoinInfo {
 // shortened; a word only one of the runs ("key=value" words) has shows as "(none)").
 std::string RunMismatch(const std::string& stored, const std::string& asked);
 
+// What the candidates' scores of a SCORE step sum (docs/protocol.md): for each target,
+// log p(token | the row up to `position`), added to the score of (the position's row, candidate).
+// Positions are row * tokens + column of the step; the scores are [batch, count], row-major.
+struct ScoreTargets {
+  std::vector<int32_t> positions, tokens, candidates;  // one entry per target each
+  int64_t count = 0;                                   // candidates per row
+};
+// Scoring computes the logits of at most this many target positions at a time (evaluate.h).
+constexpr int64_t kHeadRowsAtOnce = 256;
+
 struct StepInput {
   int64_t step_id = 0;
   StepKind kind = StepKind::kTrain;
   std::vector<uint64_t> sample_ids;
   int64_t batch = 0, tokens = 0;
-  std::vector<int32_t> mask, labels;  // batch * tokens each
+  std::vector<int32_t> mask;          // batch * tokens
+  std::vector<int32_t> labels;        // batch * tokens; none on SCORE steps
+  ScoreTargets targets;               // kScore only
   std::vector<uint8_t> activation;    // codec message (or AQ-SGD frame)
   DecodeCache cache = DecodeCache::kNone;  // kNextToken only
   // A TRAIN step sent in parts (micro-batches of its rows, docs/protocol.md): part micro_batch of
@@ -59,7 +71,7 @@ struct StepResult {
   int64_t step_id = 0;
   float loss = 0;
   bool duplicate = false;             // applied before: the stored answer, not applied again
-  std::vector<float> scores;          // kScore: one per row, or batch x segments for packed rows
+  std::vector<float> scores;          // kScore: batch x targets.count
   std::vector<int64_t> next_tokens;   // kNextToken
   std::vector<uint8_t> gradient;      // codec message (kTrain)
   double average_bits = 0;            // of the activation, as the server decoded it
@@ -67,7 +79,7 @@ struct StepResult {
 };
 
 // SCORE steps may pack candidate segments in a row: mask values 2..kMaxCandidateSegments + 1
-// (common/model/model.h), each scored apart (StepResult::scores holds batch x segments values).
+// (common/model/model.h), and score up to kMaxCandidateSegments candidates per row.
 constexpr int32_t kMaxCandidateSegments = 1024;
 
 // What a server accepts of one step's shape.
@@ -78,12 +90,14 @@ struct StepShapeLimits {
 };
 
 // Checks what can be checked of a step without the model: a step id >= 0; batch x tokens within
-// the limits; mask and labels with batch x tokens entries, mask entries 0 or 1 (SCORE: up to
-// kMaxCandidateSegments + 1), labels -100 or a token id below vocab_size; a TRAIN step with a
-// token that is not padding and a label after position 0 (an all-padding step would move the
-// optimizer's state for nothing); a decoding cache only on NEXT_TOKEN steps, whose kStart rows end
-// in a token (left padding) and whose kExtend rows are one token each.
-// Throws amaq::Error (kInvalidArgument) naming the field.
+// the limits; a mask of batch x tokens entries 0 or 1 (SCORE: up to kMaxCandidateSegments + 1);
+// labels (none on SCORE, batch x tokens entries otherwise) -100 or a token id below vocab_size; a
+// SCORE step's targets (1..kMaxCandidateSegments candidates; 1..2 x batch x (tokens + count) targets,
+// each at a position that is a token, with a token id below vocab_size and a candidate below
+// count), and none on other steps; a TRAIN step with a token that is not padding and a label after
+// position 0 (an all-padding step would move the optimizer's state for nothing); a decoding cache
+// only on NEXT_TOKEN steps, whose kStart rows end in a token (left padding) and whose kExtend rows
+// are one token each. Throws amaq::Error (kInvalidArgument) naming the field.
 void CheckStepFields(const StepInput& in, const StepShapeLimits& limits);
 
 // Named tensors as plain floats (collaborative adapter averaging).

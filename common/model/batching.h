@@ -9,8 +9,10 @@
 
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "common/base/split_step.h"
 #include "common/text/datasets.h"
 #include "common/text/tokenizer.h"
 
@@ -18,9 +20,17 @@ namespace amaq {
 
 struct Batch {
   torch::Tensor ids;     // [B, T] int64
-  torch::Tensor mask;    // [B, T] int64: 1 token, 0 padding, k >= 2 candidate segment (model.h)
+  torch::Tensor mask;    // [B, T] int64: 1 token, 0 padding
   torch::Tensor labels;  // [B, T] int64: target token or -100
   std::vector<uint64_t> sample_ids;  // stable ids of the examples (AQ-SGD caches by them)
+};
+
+// Rows of candidate completions to score: ids and mask as Batch's (mask k + 2: candidate k), and
+// what each candidate's score sums (split_step.h).
+struct CandidateBatch {
+  torch::Tensor ids;   // [B, T] int64
+  torch::Tensor mask;  // [B, T] int64
+  ScoreTargets targets;
 };
 
 class ExampleEncoder {
@@ -41,19 +51,23 @@ class ExampleEncoder {
   Batch MakeBatch(const std::vector<const Example*>& examples, const std::vector<uint64_t>& sample_ids,
                   bool with_completion = true, int64_t pad_to = 0) const;
 
-  // One row per example that packs every candidate completion after the shared prompt, for
-  // scoring them all in one pass: BOS + the prompt without its last token (mask 1), then for
-  // candidate k the prompt's last token, the candidate's tokens and EOS (mask k + 2, labels on the
-  // candidate and EOS). Segment k computes what MakeBatch's row of (prompt, candidate k) would;
-  // a prompt too long for max_tokens is cut at its beginning as for the longest candidate.
-  Batch MakeCandidateBatch(const std::vector<const Example*>& examples, const std::vector<std::string>& candidates) const;
-  // `candidates` in order, split into groups whose packed rows stay within `max_row_tokens` (the
-  // model's positions, which a server also enforces) after a prompt of up to max_tokens: each
-  // candidate counts its tokens, its EOS and the prompt token before it, plus one for a
-  // tokenization that differs after the prompt. Throws amaq::Error (kInvalidArgument) when one
-  // candidate alone does not fit.
+  // One row per example that scores every candidate completion in one pass (CandidateBatch):
+  // BOS, the prompt and the tokens every candidate begins with (mask 1), then each candidate's
+  // remaining tokens as segment k + 2 for candidate k (model.h: it sees the context and its own
+  // earlier tokens, at the positions the row prompt + candidate alone would give them). A
+  // candidate's score sums log p of its tokens and EOS, each read at the position before it: the
+  // context's last token is read once for every candidate's first token. A prompt too long for
+  // max_tokens is cut at its beginning as MakeBatch cuts the row of the longest candidate.
+  CandidateBatch MakeCandidateBatch(const std::vector<const Example*>& examples, const std::vector<std::string>& candidates) const;
+  // `candidates` in order, split into groups whose rows stay within `max_row_tokens` (the model's
+  // positions, which a server also enforces) after a prompt of up to max_tokens: each candidate
+  // counts its tokens plus one for a tokenization that differs after the prompt. Throws
+  // amaq::Error (kInvalidArgument) when one candidate alone does not fit.
   std::vector<std::vector<std::string>> CandidateGroups(const std::vector<std::string>& candidates,
                                                         int64_t max_row_tokens) const;
+
+  // The number of tokens of `prompt` (to order examples by length).
+  int64_t PromptTokens(const std::string& prompt) const { return static_cast<int64_t>(tokenizer_.Encode(prompt).size()); }
 
   const Tokenizer& tokenizer() const { return tokenizer_; }
   int64_t eos_id() const { return eos_; }

@@ -72,7 +72,9 @@ FinetuneResult FinetuneLocal(const Dataset& dataset, const FinetuneOptions& o) {
   const std::vector<Example> eval(dataset.validation.begin(),
                                   dataset.validation.begin() + std::min<int64_t>(o.eval_examples, dataset.validation.size()));
   if (dataset.is_classification()) {
-    const SequenceScorer score = [&](const Batch& b) { return SequenceLogProbs(model->LogitsAtLabels(b.ids, b.mask, b.labels), b.labels, b.mask); };
+    const CandidateScorer score = [&](const CandidateBatch& b) {
+      return TargetLogProbs(model->Body(b.ids, b.mask), [&](const torch::Tensor& x) { return model->Head(x); }, b.targets);
+    };
     result.metric = ClassificationAccuracy(score, encoder, dataset, eval, o.eval_batch, config.max_position_embeddings);
   } else {
     CachedDecoder decoder(model);

@@ -198,7 +198,7 @@ int Run(const Options& o, const std::string& command) {
   }
 
   const std::vector<Batch> eval_batches = ValidationBatches(validation, o);
-  const SequenceScorer score = [&](const Batch& b) { return SequenceLogProbs(model->LogitsAtLabels(b.ids, b.mask, b.labels), b.labels, b.mask); };
+  const SequenceScorer score = [&](const Batch& b) { return SequenceLogProbs(model->LogitsAtLabels(b.ids, b.mask, b.labels), b.labels); };
   Progress progress("pretrain", o.steps);
   double smoothed = 0;
   auto started = std::chrono::steady_clock::now();

@@ -15,7 +15,8 @@ using amaq::v1::StepRequest;
 
 namespace {
 
-// The chunks of one step of batch 2 x tokens 3 carrying `activation`.
+// The chunks of one step of batch 2 x tokens 3 carrying `activation` (SCORE: two candidates
+// scored at three positions, no labels).
 std::string Stream(const std::vector<uint8_t>& activation, StepRequest::Kind kind, size_t chunk, bool sample_ids) {
   std::string out;
   const size_t count = (activation.size() + chunk - 1) / chunk;
@@ -30,7 +31,13 @@ std::string Stream(const std::vector<uint8_t>& activation, StepRequest::Kind kin
       r.set_tokens(3);
       for (int k = 0; k < 6; ++k) {
         r.add_attention_mask(1);
-        r.add_labels(k % 2 ? 5 : -100);
+        if (kind != StepRequest::SCORE) r.add_labels(k % 2 ? 5 : -100);
+      }
+      if (kind == StepRequest::SCORE) {
+        r.set_candidates(2);
+        for (int k : {2, 2, 5}) r.add_target_positions(k);
+        for (int k : {5, 6, 5}) r.add_target_tokens(k);
+        for (int k : {0, 1, 1}) r.add_target_candidates(k);
       }
       if (sample_ids) {
         r.add_sample_ids(1);
