@@ -167,7 +167,7 @@ int Run(const Config& c) {
   j["train_bytes_up"] = r[steps - 1].wire_up;
   j["train_bytes_down"] = r[steps - 1].wire_down;
   j["eval_bytes"] = (r[steps].wire_up + r[steps].wire_down) - (r[steps - 1].wire_up + r[steps - 1].wire_down);
-  j["eval_seconds"] = r[steps].seconds;  // the final evaluation's wall time
+  j["eval_seconds"] = client.last_evaluation_seconds();
   j["eval_tokens"] = client.evaluation_tokens();  // of the rows it sent (every evaluation's, padding included)
   j["loss_first"] = Mean(loss, 0, tenth);
   j["loss_last"] = Mean(loss, steps - tenth, steps);

@@ -594,7 +594,7 @@ double SplitClient::Run() {
   const auto evaluation_started = std::chrono::steady_clock::now();
   std::vector<std::string> predicted;
   const double metric = Evaluate(options_.predictions_path.empty() ? nullptr : &predicted);
-  const double evaluation_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - evaluation_started).count();
+  last_evaluation_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - evaluation_started).count();
   if (!options_.predictions_path.empty()) WritePredictions(predicted);
   ReportMetric(step, metric);
   StepRecord last = records_.empty() ? StepRecord{} : records_.back();
@@ -603,7 +603,7 @@ double SplitClient::Run() {
   last.wire_up = transport_.bytes_up();
   last.wire_down = transport_.bytes_down();
   last.up = last.down = quant::ByteCount{};
-  last.seconds = evaluation_seconds;
+  last.seconds = 0;
   records_.push_back(last);
   WriteCsv(last);
   if (options_.progress) progress.Finish((data_.is_classification() ? "accuracy " : "exact match ") + std::to_string(metric));

@@ -120,8 +120,10 @@ class SplitClient {
   // The metric on options.eval_examples validation examples, through the server; with
   // `predicted`, each example's answer there (the label chosen, or the text generated).
   double Evaluate(std::vector<std::string>* predicted = nullptr);
-  // Tokens of the rows evaluations have sent to the server so far (padding included).
+  // Tokens of the rows evaluations have sent to the server so far (padding included), and the
+  // wall time of Run's final evaluation.
   int64_t evaluation_tokens() const { return evaluation_tokens_; }
+  double last_evaluation_seconds() const { return last_evaluation_seconds_; }
   // Collaborative mode: replaces this client's LoRA weights by the average over clients. Throws
   // amaq::Error (kDataLoss), keeping its own weights, when the average lacks a tensor or holds a
   // value that is not finite.
@@ -204,6 +206,7 @@ class SplitClient {
   // first; kept in checkpoints, so a resumed run predicts as the uninterrupted one).
   std::vector<torch::Tensor> last_update_;
   int64_t evaluation_tokens_ = 0;
+  double last_evaluation_seconds_ = 0;
   int64_t joins_ = 0;        // joins so far: a step sent on an earlier join's stream was lost with it
   std::chrono::steady_clock::time_point finished_at_;  // when the last step finished
 };

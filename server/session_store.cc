@@ -1,6 +1,7 @@
 #include "server/session_store.h"
 
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -102,6 +103,14 @@ SessionStore::SessionStore(const ServerOptions& options, const ModelConfig& conf
           "or session_ttl_seconds: 0");
   if (options_.checkpoint_dir.empty()) return;
   RequireWritableDirectory(options_.checkpoint_dir, "checkpoint_dir", &env_);
+  try {
+    lock_ = env_.LockFile(options_.checkpoint_dir + "/LOCK", "amaq-server pid " + std::to_string(getpid()));
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kFailedPrecondition) throw;
+    throw Error(ErrorCode::kInvalidArgument, "checkpoint_dir " + options_.checkpoint_dir + " is in use (" + e.what() +
+                                                 "): two servers on one checkpoint_dir overwrite each other's checkpoints; "
+                                                 "give this server its own checkpoint_dir, or stop the other first");
+  }
   if (env_.FileExists(CheckpointPath())) LoadCheckpoint();
 }
 

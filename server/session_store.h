@@ -8,7 +8,9 @@
 // checkpoint_dir/server.pt; an evicted session (idle past session_ttl_seconds, or moved out to keep
 // max_sessions_memory_mb) goes to its own file under checkpoint_dir/sessions/ and comes back at its
 // client's next Join; AQ-SGD histories are files of their own under checkpoint_dir/histories/.
-// Every file goes through ServerOptions::env. The store loads the checkpoint when it is built.
+// Every file goes through ServerOptions::env. The store loads the checkpoint when it is built, and
+// holds checkpoint_dir/LOCK while it lives (one store, one server, per checkpoint_dir: another
+// is refused, kInvalidArgument naming the holder's pid).
 //
 // Locks. The server's step lock (held by SplitServer while a step, checkpoint, eviction or adapter
 // call runs) guards what is inside sessions; the store's own lock guards which sessions exist and
@@ -172,6 +174,7 @@ class SessionStore {
   const ServerOptions& options_;
   const ModelConfig& config_;
   Env& env_;
+  std::unique_ptr<FileLock> lock_;  // of checkpoint_dir/LOCK, while the store lives
   std::vector<torch::Tensor> initial_lora_;
   std::unique_ptr<LoraState> shared_;
   std::map<std::string, std::unique_ptr<Session>> sessions_;

@@ -114,6 +114,22 @@ class Crashes : public testing::Network {
   std::string dir_;
 };
 
+// One server per checkpoint_dir (issue 55 item 3): a second server on the same directory exits 2
+// naming the first one's pid, and the first goes on serving.
+TEST_F(Crashes, ASecondServerOnTheSameCheckpointDirIsRefused) {
+  auto first = Server(0, 1);
+  Process second({AMAQ_BIN_DIR "/amaq-server", "--model", *model_, "--listen", "127.0.0.1:0", "--tls_cert",
+                  *certs_ + "/server.pem", "--tls_key", *certs_ + "/server.key", "--tokens_file", *tokens_,
+                  "--checkpoint_dir", dir_ + "/server", "--threads", "1"},
+                 dir_ + "/second.log");
+  EXPECT_EQ(second.Wait(), 2);
+  EXPECT_NE(second.Log().find("is in use ('" + dir_ + "/server/LOCK' is locked by amaq-server pid " +
+                              std::to_string(first->pid()) + ")"),
+            std::string::npos)
+      << second.Log();
+  EXPECT_TRUE(RawJoin(*RawStub(), kToken1, "client-1", "bf16").ok()) << "the first server still serves";
+}
+
 TEST_F(Crashes, ClientKilledMidRunResumesFromItsCheckpoint) {
   auto server = Server(0, 1);
   auto client = Client("client-1", kToken1, 24);

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <deque>
 #include <filesystem>
 
 #include "common/base/error.h"
@@ -27,6 +28,16 @@ class SessionStoreTest : public ::testing::Test {
   }
 
   std::unique_ptr<SessionStore> Open() { return std::make_unique<SessionStore>(options_, config_, lora_); }
+  // A store on a copy of checkpoint_dir as it is now: what a restarted server would load, read
+  // while the store that holds checkpoint_dir (and its LOCK) lives on.
+  std::unique_ptr<SessionStore> OpenCopy() {
+    ServerOptions copy = options_;
+    copy.checkpoint_dir = testing::TempDir("session-store-copy");
+    std::filesystem::remove_all(copy.checkpoint_dir);
+    std::filesystem::copy(options_.checkpoint_dir, copy.checkpoint_dir, std::filesystem::copy_options::recursive);
+    copies_.push_back(copy);
+    return std::make_unique<SessionStore>(copies_.back(), config_, lora_);
+  }
 
   // Joins `id` with bf16 and gives its session recognisable state: `steps` applied, its LoRA
   // filled with `steps`.
@@ -66,6 +77,7 @@ class SessionStoreTest : public ::testing::Test {
   FaultEnv env_;
   ModelConfig config_;
   ServerOptions options_;
+  std::deque<ServerOptions> copies_;  // OpenCopy's, which its stores refer to
   std::vector<torch::Tensor> lora_;
 };
 
@@ -97,7 +109,10 @@ TEST_F(SessionStoreTest, TheCheckpointHoldsEverySessionAndANewStoreLoadsIt) {
   ExpectState(*reopened, "a", 3);
   reopened->Checkpoint();
   EXPECT_EQ(FilesIn(SessionsDir()), 0u) << "the checkpoint holds a now: its evicted copy is gone";
-  EXPECT_EQ(Open()->Stats().at("a").steps, 3);
+  EXPECT_EQ(OpenCopy()->Stats().at("a").steps, 3);
+  EXPECT_THROW(Open(), Error) << "one store per checkpoint_dir: reopened holds its LOCK";
+  reopened.reset();
+  EXPECT_EQ(Open()->Stats().at("a").steps, 3) << "the LOCK goes with its store";
 }
 
 TEST_F(SessionStoreTest, AFailedEvictionKeepsTheSessionInMemoryAndTheCheckpointValid) {
@@ -114,7 +129,7 @@ TEST_F(SessionStoreTest, AFailedEvictionKeepsTheSessionInMemoryAndTheCheckpointV
     EXPECT_EQ(store->evicted(), 0);
     EXPECT_EQ(FilesIn(SessionsDir()), 0u) << "no temporary file is left";
     ExpectState(*store, "a", 3);
-    EXPECT_EQ(Open()->Stats().at("a").steps, 3) << "the checkpoint is intact";
+    EXPECT_EQ(OpenCopy()->Stats().at("a").steps, 3) << "the checkpoint is intact";
     env_.Advance(61);
     EXPECT_EQ(store->EvictIdle({}), 1) << "the next eviction succeeds";
   }
@@ -128,7 +143,7 @@ TEST_F(SessionStoreTest, AFreshRunForgetsTheSessionItsFileAndItsCheckpointEntry)
   EXPECT_FALSE(store->Forget("never joined"));
   EXPECT_EQ(FilesIn(SessionsDir()), 0u);
   EXPECT_EQ(store->Join("b", *quant::Method::Parse("bf16"), "", RunStart::kContinue), -1) << "b starts afresh";
-  EXPECT_EQ(Open()->Stats().count("a"), 0u) << "the checkpoint was written without a";
+  EXPECT_EQ(OpenCopy()->Stats().count("a"), 0u) << "the checkpoint was written without a";
 }
 
 }  // namespace

@@ -918,7 +918,8 @@ TEST(SplitTraining, RunsNeverMixSilently) {
   const Dataset data = testing::ParityDataset(32);
   server::ServerOptions so = ServerFor(dir);
   so.checkpoint_dir = testing::TempDir("runs-server");
-  server::SplitServer server(so);
+  auto server_of_the_runs = std::make_unique<server::SplitServer>(so);  // one server on its checkpoint_dir at a time
+  server::SplitServer& server = *server_of_the_runs;
   inproc::LocalTransport transport(server);
   client::ClientOptions first = ClientFor(dir, "fp32", 3);
   first.checkpoint_dir = testing::TempDir("runs-client");
@@ -972,6 +973,7 @@ TEST(SplitTraining, RunsNeverMixSilently) {
     const float want = reference.records()[i].loss;  // a kept LoRA would move it by far more
     EXPECT_NEAR(fresh_client.records()[i].loss, want, 1e-5f * std::fabs(want) + 1e-6f) << "step " << i;
   }
+  server_of_the_runs.reset();
   server::SplitServer restarted(so);  // fresh wrote the checkpoint without the discarded run
   EXPECT_EQ(restarted.Stats().count("client-0"), 0u);
 }
@@ -1392,7 +1394,8 @@ TEST_F(ServerGuards, EvictedSessionsResumeExactlyOnJoin) {
   o.session_ttl_seconds = 1e-9;  // every session without a stream is idle
   server::SplitServer kept(ServerFor(dir_));
   kept.Join("c", fingerprint_, 2, "fp32");
-  server::SplitServer evicting(o);
+  auto evicting_server = std::make_unique<server::SplitServer>(o);  // one server on its checkpoint_dir at a time
+  server::SplitServer& evicting = *evicting_server;
   evicting.Join("c", fingerprint_, 2, "fp32");
   evicting.Join("connected", fingerprint_, 2, "fp32");
   for (int64_t s = 0; s < 2; ++s) {
@@ -1417,6 +1420,7 @@ TEST_F(ServerGuards, EvictedSessionsResumeExactlyOnJoin) {
 
   server::ServerOptions never = o;
   never.session_ttl_seconds = 1e6;
+  evicting_server.reset();
   server::SplitServer patient(never);  // resumes "c" and "connected" from the checkpoint
   EXPECT_EQ(patient.EvictIdle({}), 0);
   o.checkpoint_dir.clear();

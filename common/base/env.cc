@@ -1,6 +1,7 @@
 #include "common/base/env.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -88,6 +89,16 @@ class PosixRandomAccessFile : public RandomAccessFile {
   uint64_t size_;
 };
 
+// flock() on an open descriptor: held until the descriptor closes, whichever way the process ends.
+class PosixFileLock : public FileLock {
+ public:
+  explicit PosixFileLock(int fd) : fd_(fd) {}
+  ~PosixFileLock() override { close(fd_); }
+
+ private:
+  int fd_;
+};
+
 // Opens `path` for reading: kNotFound, saying to check the path, when it cannot.
 int OpenForReading(const std::string& path) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -144,6 +155,25 @@ class PosixEnv : public Env {
     const int synced = fsync(fd), err = errno;
     close(fd);
     if (synced != 0) Fail("flush directory", dir, err);
+  }
+  std::unique_ptr<FileLock> LockFile(const std::string& path, const std::string& owner) override {
+    const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) Fail("create the lock file", path, errno);
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      char held[256] = {};
+      const ssize_t n = pread(fd, held, sizeof held - 1, 0);
+      close(fd);
+      if (err != EWOULDBLOCK) Fail("lock", path, err);
+      throw Error(ErrorCode::kFailedPrecondition,
+                  "'" + path + "' is locked by " + (n > 0 ? std::string(held, static_cast<size_t>(n)) : "another process"));
+    }
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, owner.data(), owner.size(), 0) != static_cast<ssize_t>(owner.size())) {
+      const int err = errno;
+      close(fd);
+      Fail("write the lock file", path, err);
+    }
+    return std::make_unique<PosixFileLock>(fd);
   }
   Clock::time_point Now() override { return Clock::now(); }
 };

@@ -46,6 +46,13 @@ class RandomAccessFile {
   virtual uint64_t size() const = 0;
 };
 
+// A lock on a file (LevelDB's FileLock), held by this process until the object is destroyed or
+// the process ends, however it ends.
+class FileLock {
+ public:
+  virtual ~FileLock() = default;
+};
+
 class Env {
  public:
   using Clock = std::chrono::steady_clock;
@@ -71,6 +78,10 @@ class Env {
   virtual void CreateDirs(const std::string& dir) = 0;
   // Makes the directory's entries (a rename into it) durable.
   virtual void SyncDir(const std::string& dir) = 0;
+  // Takes the lock of `path` (created when absent) and writes `owner` into the file (who holds it:
+  // a program and its pid). kFailedPrecondition naming the owner the file holds when another
+  // process, or another FileLock of this one, holds the lock.
+  virtual std::unique_ptr<FileLock> LockFile(const std::string& path, const std::string& owner) = 0;
   virtual Clock::time_point Now() = 0;
 };
 
@@ -92,6 +103,9 @@ class EnvWrapper : public Env {
   std::vector<std::string> GetChildren(const std::string& dir) override { return target_->GetChildren(dir); }
   void CreateDirs(const std::string& dir) override { target_->CreateDirs(dir); }
   void SyncDir(const std::string& dir) override { target_->SyncDir(dir); }
+  std::unique_ptr<FileLock> LockFile(const std::string& path, const std::string& owner) override {
+    return target_->LockFile(path, owner);
+  }
   Clock::time_point Now() override { return target_->Now(); }
   Env* target() const { return target_; }
 
