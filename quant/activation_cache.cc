@@ -1,5 +1,8 @@
 #include "quant/activation_cache.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include <functional>
 #include <unordered_set>
 
@@ -86,6 +89,8 @@ void ReadCacheFile(Env& env, const std::string& path, const std::function<void(F
     e.cols = static_cast<int64_t>(cols);
     e.values.resize(rows * cols);
     r.Read(e.values.data(), rows * cols * sizeof(float));
+    Require(std::all_of(e.values.begin(), e.values.end(), [](float v) { return std::isfinite(v); }), ErrorCode::kDataLoss,
+            r.Malformed("sample " + std::to_string(e.id) + " holds a value that is not finite"));
     take(e);
   }
   const uint64_t digest = r.digest();

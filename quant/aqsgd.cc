@@ -1,5 +1,7 @@
 #include "quant/aqsgd.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -15,6 +17,13 @@ namespace {
 constexpr uint32_t kFrameMagic = 0x47535141;  // "AQSG"
 constexpr uint8_t kFrameVersion = 2;
 constexpr uint8_t kFull = 0, kDelta = 1;
+
+// Beyond this magnitude a value goes in full rather than as a delta (docs/wire-format.md).
+constexpr float kDeltaRange = 1e38f;
+
+bool WithinDeltaRange(const float* v, size_t n) {
+  return std::all_of(v, v + n, [](float x) { return std::fabs(x) <= kDeltaRange; });
+}
 
 void PutPart(ByteWriter& w, const Encoded& part) {
   w.Put(static_cast<uint64_t>(part.bytes.size()));
@@ -45,9 +54,15 @@ Encoded AqsgdSender::Encode(const float* x, const std::vector<uint64_t>& ids,
   std::vector<float> full, delta;
   for (size_t i = 0; i < ids.size(); ++i) {
     const float* xs = x + i * sample_size;
-    // A delta adds to an entry of exactly this shape; a sample whose shape changed goes in full.
+    // A delta adds to an entry of exactly this shape; a sample whose shape changed goes in full,
+    // and so does one whose values or entry pass kDeltaRange in magnitude: m + deQ(x - m) then
+    // stays within fp32's range on both sides (|x - m| <= 2 kDeltaRange, and the delta's grid
+    // covers its channel's largest |x - m| by at most a rounding of its step).
     const std::optional<ActivationCache::Held> held = in_full ? std::nullopt : cache_.Describe(ids[i]);
-    flags[i] = held && held->rows == rows_per_sample && held->cols == cols ? kDelta : kFull;
+    flags[i] = held && held->rows == rows_per_sample && held->cols == cols && WithinDeltaRange(xs, sample_size) &&
+                       WithinDeltaRange(cache_.Find(ids[i])->data(), sample_size)
+                   ? kDelta
+                   : kFull;
     if (flags[i] == kDelta) {
       bases[i] = held->tag;
       const std::vector<float>& m = *cache_.Find(ids[i]);
@@ -184,8 +199,8 @@ FrameHeader ReadFrameHeader(ByteReader& r, const uint8_t* data, const DecodeLimi
 }
 
 // One part of a frame, which must have exactly the rows its samples declare (checked before it is
-// decompressed). A part of other rows or columns (the decoder's kInvalidArgument), or one that
-// decodes to non-finite values, is a malformed frame.
+// decompressed). Whatever a part breaks is a malformed frame (kDataLoss), whichever code the
+// tensor message alone would get: other rows or columns, a referenced bits table, non-finite values.
 Decoded DecodeFramePart(const DecodeLimits& limits, const uint8_t* bytes, uint64_t part_size, size_t part_samples,
                         const FrameHeader& h, const char* name) {
   Decoded part;
@@ -193,15 +208,17 @@ Decoded DecodeFramePart(const DecodeLimits& limits, const uint8_t* bytes, uint64
     Decoder(limits).Decode(bytes, part_size, &part,
                            ExpectedShape{static_cast<int64_t>(part_samples * h.rows_per_sample), static_cast<int64_t>(h.cols)});
   } catch (const Error& e) {
-    if (e.code() != ErrorCode::kInvalidArgument) throw;
+    if (e.code() == ErrorCode::kDataLoss) throw;
     throw Error(ErrorCode::kDataLoss,
                 std::string("AQ-SGD frame's ") + name + " part is invalid (" + e.what() + "): the message is corrupted");
   }
   return part;
 }
 
-// Which samples keep the entry this frame (tagged `tag`) set already: a frame decoded again. A
-// delta must add to the entry it was computed against, of exactly the frame's shape.
+// Which samples keep the entry this frame (tagged `tag`) set already: a frame decoded again. An
+// entry that holds this frame's tag in another shape is not this frame's (a cache file altered by
+// hand): a full sample replaces it, a delta is refused. A delta must add to the entry it was
+// computed against, of exactly the frame's shape.
 std::vector<bool> CheckDeltaBases(const ActivationCache& cache, const FrameHeader& h, uint64_t tag) {
   std::vector<bool> taken(h.samples);
   for (uint32_t i = 0; i < h.samples; ++i) {
@@ -253,18 +270,26 @@ AqsgdDecoded AqsgdReceiver::Decode(const uint8_t* data, size_t size, int64_t exp
   out.values.resize(h.samples * sample_size);
   size_t full_at = 0, delta_at = 0;
   for (uint32_t i = 0; i < h.samples; ++i) {
-    std::vector<float> m;
+    float* value = out.values.data() + i * sample_size;
     if (taken[i]) {
-      m = *cache_.Find(out.ids[i]);
+      const std::vector<float>& m = *cache_.Find(out.ids[i]);
+      std::copy(m.begin(), m.end(), value);
     } else if (h.flags[i] == kFull) {
-      m.assign(full.values.begin() + full_at, full.values.begin() + full_at + sample_size);
+      std::copy(full.values.begin() + full_at, full.values.begin() + full_at + sample_size, value);
     } else {
-      m = *cache_.Find(out.ids[i]);
-      for (size_t k = 0; k < sample_size; ++k) m[k] += delta.values[delta_at + k];
+      const std::vector<float>& m = *cache_.Find(out.ids[i]);
+      for (size_t k = 0; k < sample_size; ++k) value[k] = m[k] + delta.values[delta_at + k];
+      Require(std::all_of(value, value + sample_size, [](float v) { return std::isfinite(v); }), ErrorCode::kDataLoss,
+              "AQ-SGD delta for sample " + std::to_string(out.ids[i]) +
+                  " takes its entry beyond fp32's range (a sender sends such samples in full): the message is corrupted");
     }
     (h.flags[i] == kFull ? full_at : delta_at) += sample_size;
-    std::copy(m.begin(), m.end(), out.values.begin() + static_cast<long>(i * sample_size));
-    if (!taken[i]) cache_.Insert(out.ids[i], std::move(m), out.cols, tag);
+  }
+  // The frame is valid: its samples set their entries.
+  for (uint32_t i = 0; i < h.samples; ++i) {
+    if (taken[i]) continue;
+    const auto begin = out.values.begin() + static_cast<long>(i * sample_size);
+    cache_.Insert(out.ids[i], std::vector<float>(begin, begin + static_cast<long>(sample_size)), out.cols, tag);
   }
   out.count.payload = full.count.payload + delta.count.payload;
   out.count.metadata = size - out.count.payload;

@@ -41,9 +41,10 @@ class AqsgdSender {
   // x is [ids.size() * rows_per_sample, cols], sample after sample. `reconstruction`, when not
   // null, receives what the receiver will hold after decoding (rows * cols floats). `in_full`
   // sends every sample in full, whatever the cache holds (after the receiver refused a delta); a
-  // sample whose cached entry has another shape goes in full too. Throws amaq::Error
-  // (kInvalidArgument) for a repeated id, an empty shape, non-finite values, or a delta the
-  // decoder could not represent in fp32; the cache is then unchanged.
+  // sample whose cached entry has another shape goes in full too, and so does one whose values or
+  // entry pass 1e38 in magnitude (its delta could take the entry beyond fp32). Throws amaq::Error
+  // (kInvalidArgument) for a repeated id, an empty shape, non-finite values, or values its
+  // warm-up scheme cannot hold; the cache is then unchanged.
   Encoded Encode(const float* x, const std::vector<uint64_t>& ids, int64_t rows_per_sample,
                  int64_t cols, float* reconstruction = nullptr, bool in_full = false);
   CacheStats cache_stats() const { return cache_.stats(); }
@@ -66,7 +67,8 @@ class AqsgdReceiver {
  public:
   explicit AqsgdReceiver(AqsgdOptions options, DecodeLimits limits = {});
   // Throws amaq::Error (docs/wire-format.md, "AQ-SGD frame", lists each case): kDataLoss for
-  // malformed frames (parts of another shape than their samples' included), kResourceExhausted
+  // malformed frames (parts of another shape than their samples' included, any error inside a
+  // part, a delta that takes its entry beyond fp32), kResourceExhausted
   // over the element limit, kInvalidArgument when the frame's shape is not the one the caller
   // expects (when given, >= 0; checked on the frame's header, before anything is decompressed or
   // allocated), kFailedPrecondition when a delta adds to an entry this receiver does not hold

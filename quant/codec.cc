@@ -543,7 +543,7 @@ void Decoder::Decode(const uint8_t* data, size_t size, Decoded* out, ExpectedSha
   d.values.resize(elements);
   if (is_float) {
     ReadFloats(payload, elements, d.scheme, d.values.data());
-    RequireFinite(d.values.data(), d.rows, d.cols);
+    RequireFinite(d.values.data(), d.rows, d.cols, /*received=*/true);
   } else {
     CheckPadding(payload, raw_payload_size, d.bits, d.rows, d.cols);
     UnpackAndDequantize(payload, raw_payload_size, d.rows, d.cols, spec, d.bits, grid, d.values.data());

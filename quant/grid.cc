@@ -80,14 +80,17 @@ AMAQ_VECTOR_CLONES void RangeOfColumns(const float* x, int64_t rows, int64_t col
   for (int j = 0; j < kLanes; ++j) *bad += part_bad[j];
 }
 
-[[noreturn]] void ThrowNonFinite(const float* x, int64_t rows, int64_t cols) {
+[[noreturn]] void ThrowNonFinite(const float* x, int64_t rows, int64_t cols, bool received) {
   for (int64_t i = 0; i < rows * cols; ++i) {
     if (!std::isfinite(x[i])) {
+      const std::string element = "(" + std::to_string(i / cols) + ", " + std::to_string(i % cols) + ") is " + std::to_string(x[i]);
       throw Error(ErrorCode::kInvalidArgument,
-                  "tensor element (" + std::to_string(i / cols) + ", " + std::to_string(i % cols) +
-                      ") is " + std::to_string(x[i]) +
-                      ": tensors must be finite; the model that produced it has diverged "
-                      "(lower its learning rate or check its input data)");
+                  received ? "the message's float payload element " + element +
+                                 ": an amaq sender refuses to send such a value, so the message was forged or its "
+                                 "sender is faulty; it is refused"
+                           : "tensor element " + element +
+                                 ": tensors must be finite; the model that produced it has diverged "
+                                 "(lower its learning rate or check its input data)");
     }
   }
   throw Error(ErrorCode::kInternal, "range check flagged a non-finite value that is not there");
@@ -142,11 +145,11 @@ bool FillGrid(const std::vector<float>& lo, const std::vector<float>& hi, const 
 
 }  // namespace
 
-void RequireFinite(const float* x, int64_t rows, int64_t cols) {
+void RequireFinite(const float* x, int64_t rows, int64_t cols, bool received) {
   if (rows <= 0 || cols <= 0) return;
   float lo, hi, bad = 0.0f;
   RangeOfRun(x, rows * cols, &lo, &hi, &bad);
-  if (bad != 0.0f) ThrowNonFinite(x, rows, cols);
+  if (bad != 0.0f) ThrowNonFinite(x, rows, cols, received);
 }
 
 bool GroupDecodesFinite(Scheme scheme, float zero, float step, int bits) {
@@ -229,7 +232,7 @@ ScaleGrid ComputeGrid(const float* x, int64_t rows, int64_t cols, const GridSpec
       }
     }
   }
-  if (bad != 0.0f) ThrowNonFinite(x, rows, cols);
+  if (bad != 0.0f) ThrowNonFinite(x, rows, cols, /*received=*/false);
 
   ScaleGrid grid;
   if (!FillGrid(lo, hi, spec, bits, preferred, &grid) && preferred != ScaleFormat::kFloat32) {

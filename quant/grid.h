@@ -66,8 +66,9 @@ std::string NonFiniteGroupText(int64_t g, float zero, float step, int bits);
 // scales, per-token bits per-token scales; symmetric needs >= 2 bits).
 void ValidateGridSpec(const GridSpec& spec, const BitsTable& bits, int64_t rows, int64_t cols);
 
-// Throws amaq::Error (kInvalidArgument) naming the first NaN or infinite element of x.
-void RequireFinite(const float* x, int64_t rows, int64_t cols);
+// Throws amaq::Error (kInvalidArgument) naming the first NaN or infinite element of x: as a tensor
+// to send (its model diverged) or, with `received`, as a message's decoded float payload.
+void RequireFinite(const float* x, int64_t rows, int64_t cols, bool received = false);
 
 // The zero of a symmetric b-bit group with the given step.
 inline float SymmetricZero(float step, int bits) {

@@ -168,9 +168,9 @@ TEST(ActivationCache, ADamagedFileLoadsNothing) {
   std::filesystem::remove(file);
 }
 
-// docs/wire-format.md, "AQ-SGD cache file": each entry is rows x cols (both positive) and a sample
-// appears once; a well-sealed file that breaks either rule is refused whole.
-TEST(ActivationCache, AFileWithARepeatedSampleOrAnEntryWithoutRowsLoadsNothing) {
+// docs/wire-format.md, "AQ-SGD cache file": each entry is rows x cols (both positive) of finite
+// values and a sample appears once; a well-sealed file that breaks a rule is refused whole.
+TEST(ActivationCache, AFileWithARepeatedSampleAnEntryWithoutRowsOrAValueNotFiniteLoadsNothing) {
   const std::string file = FreshDir("rules");
   const std::string bytes = SaveTwoEntries(file, 4);
   constexpr size_t kHeader = 4 + 1 + 8, kEntry = 8 + 8 + 8 + 8 + 4 * sizeof(float);
@@ -191,6 +191,8 @@ TEST(ActivationCache, AFileWithARepeatedSampleOrAnEntryWithoutRowsLoadsNothing) 
       {kHeader + kEntry, first_id},  // the second entry's id is the first's
       {rows_at, 0},                  // the first entry has no rows
       {cols_at, 0},                  // ...or no columns
+      {kHeader + 32, 0x400000007f800000},  // its first value is infinite (the second stays 2)
+      {kHeader + 32, 0x400000007fc00000},  // ...or NaN
   };
   for (const auto& patch : breaks) {
     write_patched({patch});

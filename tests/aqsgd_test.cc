@@ -322,28 +322,85 @@ TEST(Aqsgd, ASampleWhoseShapeChangedIsSentInFull) {
 
 // What the sender writes, the receiver takes: a delta from 6e4 to 1e38 decodes at 4 bits (the
 // decoder used to check every group against 255 steps, which overflows fp32 whatever the width).
-// One to 3e38 cannot be decoded at 4 bits (14 steps of 3e38 / 7 overflow fp32): the sender refuses
-// it with the decoder's text, before its cache changes.
-TEST(Aqsgd, ADeltaNearFp32sLimitIsTakenOrRefusedByTheSender) {
+// A sample beyond 1e38 goes in full (its delta's grid could decode beyond fp32: 14 steps of 3e38 /
+// 7), and so does the next one after it, whose entry is beyond 1e38; both sides hold the same.
+TEST(Aqsgd, ASampleNearFp32sLimitGoesAsADeltaAndBeyondItInFull) {
   AqsgdOptions options;
   options.warmup_scheme = Scheme::kFloat32;
   AqsgdSender sender(options);
   AqsgdReceiver receiver(options);
-  const std::vector<float> before(4, 6e4f), after(4, 1e38f), beyond(4, 3e38f);
+  const std::vector<float> before(4, 6e4f), after(4, 1e38f), beyond(4, 3e38f), back(4, -1.0f);
   const Encoded first = sender.Encode(before.data(), {1}, 1, 4);
   receiver.Decode(first.bytes.data(), first.bytes.size());
   std::vector<float> hat(after.size());
   const Encoded delta = sender.Encode(after.data(), {1}, 1, 4, hat.data());
   EXPECT_DOUBLE_EQ(delta.average_bits, 4.0);
   EXPECT_EQ(receiver.Decode(delta.bytes.data(), delta.bytes.size()).values, hat);
+  for (const std::vector<float>* x : {&beyond, &back}) {
+    const Encoded full = sender.Encode(x->data(), {1}, 1, 4, hat.data());
+    EXPECT_DOUBLE_EQ(full.average_bits, 32.0) << (*x)[0] << " after " << (x == &back ? "3e38" : "1e38") << " goes in full";
+    EXPECT_EQ(hat, *x);
+    EXPECT_EQ(receiver.Decode(full.bytes.data(), full.bytes.size()).values, *x);
+  }
+  EXPECT_EQ(*receiver.cache().Find(1), *sender.cache().Find(1));
+}
+
+// Every value a frame decodes to is finite (docs/wire-format.md): a delta that an honest sender
+// would not write, which takes an entry of 3e38 beyond fp32's range, is a malformed frame, and the
+// receiver's cache stays as it was, that of the other sample of the frame included.
+TEST(Aqsgd, ADeltaThatWouldDecodeBeyondFp32IsRefused) {
+  AqsgdOptions options;
+  options.warmup_scheme = Scheme::kFloat32;
+  AqsgdSender sender(options);
+  AqsgdReceiver receiver(options);
+  const std::vector<float> entries = {1.0f, 1.0f, 3e38f, 3e38f};
+  const Encoded first = sender.Encode(entries.data(), {1, 2}, 1, 2);
+  receiver.Decode(first.bytes.data(), first.bytes.size());
+  const uint64_t tag = WireChecksum(first.bytes.data(), first.bytes.size());
+  const std::vector<float> deltas = {1.0f, 1.0f, 1e38f, 1e38f};
+  const std::vector<uint8_t> frame = testing::DeltaFrameOn(tag, {1, 2}, 1, 2, deltas.data());
   try {
-    sender.Encode(beyond.data(), {1}, 1, 4);
-    ADD_FAILURE() << "a delta that cannot be decoded must be refused";
+    receiver.Decode(frame.data(), frame.size());
+    ADD_FAILURE() << "3e38 + 1e38 is not finite";
   } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_EQ(e.code(), ErrorCode::kDataLoss) << e.what();
     EXPECT_NE(std::string(e.what()).find("beyond fp32's range"), std::string::npos) << e.what();
   }
-  EXPECT_EQ(*sender.cache().Find(1), hat) << "the refused encode changed the sender's cache";
+  EXPECT_EQ(*receiver.cache().Find(1), std::vector<float>(2, 1.0f)) << "sample 1's delta was valid, but the frame was not";
+  EXPECT_EQ(receiver.cache().Describe(1)->tag, tag);
+  EXPECT_EQ(*receiver.cache().Find(2), std::vector<float>(2, 3e38f));
+}
+
+// A delta part that refers to its stream's bits table instead of carrying it (a tensor message
+// alone would get FAILED_PRECONDITION) is a malformed frame: DATA_LOSS, as the format says of any
+// error inside a part, so that no sender resends the step in full over a corrupt frame.
+TEST(Aqsgd, APartThatRefersToATableIsDataLoss) {
+  AqsgdOptions options;
+  AqsgdSender sender(options);
+  AqsgdReceiver receiver(options);
+  const auto x = testing::GaussianTensor(kRows, kCols, 23);
+  const Encoded first = sender.Encode(x.data(), {1}, kRows, kCols);
+  receiver.Decode(first.bytes.data(), first.bytes.size());
+  const uint64_t tag = WireChecksum(first.bytes.data(), first.bytes.size());
+  std::vector<uint8_t> frame = testing::DeltaFrameOn(tag, {1}, kRows, kCols, x.data());
+  // The delta part again from an encoder that sent the same table before: it refers to it.
+  EncodeOptions delta;
+  delta.scheme = Scheme::kSymmetric;
+  Encoder encoder;
+  encoder.Encode(x.data(), kRows, kCols, BitsTable::Uniform(4), delta);
+  const Encoded referring = encoder.Encode(x.data(), kRows, kCols, BitsTable::Uniform(4), delta);
+  const Encoded carrying = Encoder().Encode(x.data(), kRows, kCols, BitsTable::Uniform(4), delta);
+  ASSERT_EQ(carrying.bytes.size(), referring.bytes.size() + 1) << "one table entry fewer";
+  frame.resize(frame.size() - carrying.bytes.size() - 8);
+  ByteWriter w(&frame);
+  w.Put(static_cast<uint64_t>(referring.bytes.size()));
+  w.PutBytes(referring.bytes.data(), referring.bytes.size());
+  try {
+    receiver.Decode(frame.data(), frame.size());
+    ADD_FAILURE() << "a part must carry its table";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kDataLoss) << e.what();
+  }
 }
 
 // The codes aqsgd.h promises: a frame whose samples have no rows or no columns, or whose part does

@@ -338,6 +338,64 @@ TEST_F(MalformedTest, NonFiniteFloatPayloadIsRefused) {
   EXPECT_EQ(DecodeError(b), ErrorCode::kInvalidArgument);
 }
 
+// A message that breaks several rules is refused for the first in docs/wire-format.md's order,
+// with that rule's code: the expected shape before the element limit, a referenced table before
+// the scales, the scales before the payload.
+TEST_F(MalformedTest, TheFirstRuleBrokenInTheDocumentsOrderDecidesTheCode) {
+  std::vector<uint8_t> huge_and_elsewhere = good_;
+  std::memcpy(huge_and_elsewhere.data() + 16, std::vector<uint8_t>{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x0f}.data(), 8);
+  Reseal(&huge_and_elsewhere);
+  try {
+    Decoded d;
+    Decoder().Decode(huge_and_elsewhere.data(), huge_and_elsewhere.size(), &d, ExpectedShape{6, 10});
+    ADD_FAILURE() << "refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << "the shape's check comes before the limit's: " << e.what();
+  }
+  // Refers to a table the decoder lacks and has a step of 0: the table's check comes first.
+  Encoder encoder;
+  encoder.Encode(x_.data(), 6, 10, BitsTable::Uniform(3), EncodeOptions{});
+  std::vector<uint8_t> referring = encoder.Encode(x_.data(), 6, 10, BitsTable::Uniform(3), EncodeOptions{}).bytes;
+  const size_t steps_at = 48 + 2 * 10;  // header, no table, ten fp16 zeros
+  referring[steps_at] = referring[steps_at + 1] = 0;
+  Reseal(&referring);
+  EXPECT_EQ(DecodeError(referring), ErrorCode::kFailedPrecondition);
+  // A zero step and a payload size that disagrees: the scales come first (both DATA_LOSS; the text says which).
+  std::vector<uint8_t> both = Modified(48 + 1 + 2 * 10, {0x00, 0x00});
+  both[40] ^= 1;
+  Reseal(&both);
+  try {
+    Decoder().Decode(both.data(), both.size());
+    ADD_FAILURE() << "refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("steps must be finite and positive"), std::string::npos) << e.what();
+  }
+}
+
+// A refused message changes nothing: the table it carried is not installed, so the next message
+// that refers to it is refused too (FAILED_PRECONDITION: the sender resends it with its table).
+TEST_F(MalformedTest, ARefusedMessageDoesNotInstallItsTable) {
+  Encoder encoder;
+  Decoder decoder;
+  const std::vector<uint8_t> first = encoder.Encode(x_.data(), 6, 10, BitsTable::Uniform(3), EncodeOptions{}).bytes;
+  decoder.Decode(first.data(), first.size());
+  std::vector<uint8_t> second = encoder.Encode(x_.data(), 6, 10, BitsTable::Uniform(4), EncodeOptions{}).bytes;
+  second[48 + 1 + 2 * 10] = second[48 + 1 + 2 * 10 + 1] = 0;  // a step of 0 behind the new table
+  Reseal(&second);
+  EXPECT_THROW(decoder.Decode(second.data(), second.size()), Error);
+  const std::vector<uint8_t> third = encoder.Encode(x_.data(), 6, 10, BitsTable::Uniform(4), EncodeOptions{}).bytes;
+  try {
+    decoder.Decode(third.data(), third.size());
+    ADD_FAILURE() << "the refused message's table must not be installed";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kFailedPrecondition) << e.what();
+  }
+  Encoder same_table;  // its second message refers to the first's table, which the decoder still holds
+  same_table.Encode(x_.data(), 6, 10, BitsTable::Uniform(3), EncodeOptions{});
+  const std::vector<uint8_t> referring = same_table.Encode(x_.data(), 6, 10, BitsTable::Uniform(3), EncodeOptions{}).bytes;
+  EXPECT_NO_THROW(decoder.Decode(referring.data(), referring.size())) << "the stream's table is still the first message's";
+}
+
 TEST_F(MalformedTest, DecompressionBombIsRefused) {
   // A valid zstd frame that expands to far more than the shape allows.
   std::vector<uint8_t> huge(1 << 20, 0);
