@@ -50,13 +50,22 @@ std::string Compiler() {
 #endif
 }
 
-// The first "model name" of /proc/cpuinfo; "unknown" where there is none.
+// The first "model name" of /proc/cpuinfo ("unknown" where there is none) and the widest vector
+// instructions its flags name (AVX-512 or AVX2): machines that share a name may not share the
+// kernels their products run on, nor the kernels' rounding.
 std::string CpuModel() {
   std::ifstream in("/proc/cpuinfo");
+  std::string model = "unknown", flags;
   for (std::string line; std::getline(in, line);) {
-    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) return line.substr(line.find(':') + 2);
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    if (line.rfind("model name", 0) == 0 && model == "unknown") model = line.substr(colon + 2);
+    if (line.rfind("flags", 0) == 0 && flags.empty()) flags = line.substr(colon + 1) + " ";
   }
-  return "unknown";
+  const std::string isa = flags.find(" avx512f ") != std::string::npos ? "AVX-512"
+                          : flags.find(" avx2 ") != std::string::npos  ? "AVX2"
+                                                                        : "no AVX2";
+  return model + " (" + isa + ")";
 }
 
 Config StudyConfig() {
