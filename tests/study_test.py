@@ -57,6 +57,30 @@ class Comparisons(unittest.TestCase):
         self.assertEqual(study.pareto(points), [4, 2, 0])  # (5, 0.4) and (20, 0.49) are dominated
 
 
+class Channels(unittest.TestCase):
+    def test_equal_bytes_are_checked_per_seed(self):
+        rows = [dict(task="wordnet", label=l, seed=s, train_mb=mb)
+                for l, s, mb in [("a", 1, 100.4), ("b", 1, 100.0), ("a", 2, 100.6), ("b", 2, 100.0), ("a", 3, 99.0)]]
+        lines = study.bytes_match({"equal_bytes": [["a", "b", 0.005]]}, rows)
+        self.assertIn("| wordnet | a | b | 1 | +0.40% | yes (+-0.5%) |", lines)
+        self.assertIn("| wordnet | a | b | 2 | +0.60% | NO (+-0.5%) |", lines)
+        self.assertFalse(any("| 3 |" in l for l in lines), "seed 3 has no b to compare with")
+
+    def test_the_largest_channels_widths_are_listed_by_seed(self):
+        with tempfile.TemporaryDirectory() as out:
+            os.makedirs(os.path.join(out, "channels"))
+            rows = []
+            for seed, outlier_bits in [(1, 8), (2, 7)]:
+                rows.append(dict(task="wordnet", label="amaq:budget=3", method="amaq:budget=3", seed=seed))
+                with open(os.path.join(out, "channels", f"wordnet__amaq_budget=3__s{seed}.csv"), "w") as f:
+                    f.write("channel,bits,min,max,range,mean,stddev,kurtosis,mean_abs_gradient\n")
+                    for c in range(5):  # channel 3 is 100 times the others
+                        big = 100.0 if c == 3 else 1.0
+                        f.write(f"{c},{outlier_bits if c == 3 else 3},{-big},{big},{2 * big},0,1,0,0.1\n")
+            lines = study.largest_channels(out, rows, count=2)
+        self.assertEqual(lines[4], "| wordnet | amaq:budget=3 | 3 | 100.0 (100.0x) | 8 / 7 | 3 / 3 |")
+
+
 FAKE_RUN = textwrap.dedent("""\
     #!/usr/bin/python3
     # Stands in for amaq-study: writes a result and counts its invocations (and their niceness).
