@@ -18,6 +18,12 @@ namespace {
 using amaq::v1::StepReply;
 using amaq::v1::StepRequest;
 
+// What a draining server answers a new step or Join.
+grpc::Status StoppingStatus() {
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                      "the server is stopping (it writes its checkpoint): reconnect and send the step again once it is back");
+}
+
 // One client's step stream: reassembles request chunks, submits each step to the service's
 // StepWorker, and writes the reply in chunks, one step after another. gRPC calls its methods from
 // its own threads, the worker from its thread, and the watchdog or a newer stream of the same
@@ -49,6 +55,7 @@ class StepsReactor : public grpc::ServerBidiReactor<StepRequest, StepReply>, pub
       Progress(Phase::kReceiving);
       return Read();
     }
+    if (!service_.taking_steps()) return End(StoppingStatus());
     if (!service_.StillAuthorized(token_, client_)) {  // revoked while the stream was open
       return End(grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                               "the token of client '" + client_ + "' was revoked: ask the server's operator for a new one"));
@@ -370,6 +377,7 @@ grpc::ServerUnaryReactor* SplitTrainingService::Join(grpc::CallbackServerContext
                                       "this token belongs to client '" + client + "', not '" + Excerpt(request->client_id()) +
                                           "': send the client id the token was issued for"));
   }
+  if (!taking_steps()) return Done(context, StoppingStatus());
   try {
     const JoinInfo join = JoinInfoOf(*request);
     const int64_t last = server_.Join(join.client_id, join.fingerprint, join.cut_layer, join.method, join.run, join.start);

@@ -84,6 +84,11 @@ class SplitTrainingService final : public amaq::v1::SplitTraining::CallbackServi
   grpc::ServerUnaryReactor* ReportMetric(grpc::CallbackServerContext* context, const amaq::v1::MetricReport* request,
                                          amaq::v1::MetricAck* reply) override;
 
+  // Drain: from now on a step that completes arriving, and a Join, are refused UNAVAILABLE (not
+  // applied: the client sends the step again once a server is back); steps already submitted finish.
+  void StopTakingSteps() { stopping_ = true; }
+  bool taking_steps() const { return !stopping_; }
+
   StepWorker& worker() { return worker_; }
   const StepWorker& worker() const { return worker_; }
   // Watches a client's stream; a stream of the same client watched before is superseded.
@@ -126,6 +131,7 @@ class SplitTrainingService final : public amaq::v1::SplitTraining::CallbackServi
   std::set<WatchedStream*> streams_;
   std::map<std::string, WatchedStream*> stream_of_;  // the one open step stream of each client
   bool stopping_watch_ = false;
+  std::atomic<bool> stopping_{false};  // StopTakingSteps
   std::thread watchdog_;
   StepWorker worker_{server_, options_.batching};  // destroyed first: runs the steps still queued, then stops
 };

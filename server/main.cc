@@ -133,7 +133,8 @@ int Run(const Config& c) {
   spdlog::info("amaq-server listening on port {} ({})", port, c.Bool("insecure") ? "plain text" : "TLS");
 
   const int received = WaitForStopSignal();
-  spdlog::info("signal {}: draining steps in flight", received);
+  spdlog::info("signal {}: taking no new steps, finishing those in flight", received);
+  service.StopTakingSteps();
   draining = true;  // /readyz and the gRPC health service say NOT_SERVING from here on
   grpc_server->GetHealthCheckService()->SetServingStatus(false);
   grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));

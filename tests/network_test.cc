@@ -111,6 +111,30 @@ TEST_F(Network, Fp32OverTheNetworkFollowsLocalTraining) {
   }
 }
 
+// Drain (issue 55 item 4): once the server stops taking steps (SIGTERM, SIGINT), a client's next
+// step is refused UNAVAILABLE at once and not applied (before, steps went on being applied for
+// the 10 s of gRPC's shutdown), and so is a Join; the client gives up after retry_seconds.
+TEST_F(Network, ADrainingServerAppliesNoNewStep) {
+  StartServer();
+  client::GrpcTransport transport(ClientTransport(kToken1, port_));
+  client::ClientOptions o = ClientFor("client-1", "bf16", 10);
+  o.retry_seconds = 1;
+  client::SplitClient c(o, testing::ParityDataset(48), transport);
+  int64_t step = c.Join();
+  for (; step < 2; ++step) c.TrainStep(step);
+  service_->StopTakingSteps();
+  try {
+    c.TrainStep(step);
+    ADD_FAILURE() << "a draining server must refuse new steps";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnavailable) << e.what();
+    EXPECT_NE(std::string(e.what()).find("the server is stopping"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(split_->Stats().at("client-1").steps, 2) << "no step after the drain began was applied";
+  const grpc::Status join = RawJoin(*RawStub(), kToken2, "client-2", "bf16");
+  EXPECT_EQ(join.error_code(), grpc::StatusCode::UNAVAILABLE) << join.error_message();
+}
+
 // The JoinReply says whether the server takes a step in parts: a server training one shared LoRA
 // refuses parts, so a client set to send them sends its steps whole there, and trains.
 TEST_F(Network, ClientsSendWholeStepsToAServerWithOneSharedLora) {
