@@ -57,6 +57,17 @@ class Comparisons(unittest.TestCase):
         self.assertEqual(study.pareto(points), [4, 2, 0])  # (5, 0.4) and (20, 0.49) are dominated
 
 
+class Curves(unittest.TestCase):
+    def test_the_plateau_and_the_step_that_reaches_it(self):
+        curve = [(25, 0.50), (50, 0.70), (75, 0.74), (100, 0.76), (125, 0.77), (150, 0.77), (175, 0.76), (200, 0.75)]
+        plateau, step = study.plateau_step(curve)  # plateau: the last quarter, at least 3 evaluations
+        self.assertAlmostEqual(plateau, (0.77 + 0.76 + 0.75) / 3)
+        self.assertEqual(step, 125, "trailing means: 100 0.733 (not within 0.01 of 0.76), 125 0.757")
+
+    def test_a_curve_that_never_comes_within_a_point_ends_at_its_last_step(self):
+        self.assertEqual(study.plateau_step([(1, 0.1), (2, 0.2), (3, 0.3), (4, 0.9)], within=0.0)[1], 4)
+
+
 class Channels(unittest.TestCase):
     def test_equal_bytes_are_checked_per_seed(self):
         rows = [dict(task="wordnet", label=l, seed=s, train_mb=mb)
