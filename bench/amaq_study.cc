@@ -23,7 +23,6 @@
 #include <fstream>
 #include <string>
 
-#include "build_stamp.h"
 #include "client/client_config.h"
 #include "inproc/local_transport.h"
 #include "client/split_client.h"
@@ -182,7 +181,7 @@ int Run(const Config& c) {
   j["loss_last"] = Mean(loss, steps - tenth, steps);
   j["loss_max_second_half"] = *std::max_element(loss.begin() + static_cast<long>(steps / 2), loss.end());
   j["seconds"] = seconds;
-  j["build"] = {{"commit", AMAQ_BUILD_COMMIT}, {"dirty", AMAQ_BUILD_DIRTY}, {"libtorch", TORCH_VERSION},
+  j["build"] = {{"commit", BuildCommit()}, {"dirty", BuildDirty()}, {"libtorch", TORCH_VERSION},
                 {"compiler", Compiler()}, {"cpu", CpuModel()}};
   WriteFileAtomically(c.String("out"), j.dump(1) + "\n");
   if (!c.String("channels").empty()) WriteChannels(c.String("channels"), client.GateBits(), cut.Channels());

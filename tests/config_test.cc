@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
+
 #include "common/base/error.h"
 #include "common/base/option_keys.h"
 
@@ -83,6 +85,14 @@ TEST(Config, BadInputNamesTheKeyAndWhatIsAllowed) {
   EXPECT_NE(ErrorOf("a: [1\n", {}).find("not valid YAML"), std::string::npos);
   EXPECT_NE(ErrorOf("", {"--lr"}).find("needs a value"), std::string::npos);
   EXPECT_NE(ErrorOf("", {"--nope", "1"}).find("unknown key 'nope'"), std::string::npos);
+  Config unbounded = Make();  // no upper bound: not "[0, 9223372036854775808]" (INT64_MAX as a double)
+  unbounded.AddInt("steps", 200, "training steps", 0, INT64_MAX);
+  try {
+    unbounded.Load("steps: -1\n", "test.yaml", {});
+    ADD_FAILURE() << "-1 steps";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'steps' must be an integer of at least 0, got -1"), std::string::npos) << e.what();
+  }
 }
 
 // Issue 40 item 5: an unclosed quote is reported on its own line (YAML reported the end of the

@@ -85,6 +85,16 @@ class Quickstart(unittest.TestCase):
         self.assertTrue(os.listdir(os.path.join(self.dir, "server")))
         self.assertEqual(os.listdir(self.cwd), [], "written outside the quickstart's folder")
 
+    def test_help_helps_and_an_option_for_the_folder_is_refused(self):
+        for script in ("quickstart", "demo"):
+            shown = subprocess.run([os.path.join(ROOT, "scripts", script), "--help"], capture_output=True, text=True)
+            self.assertEqual(shown.returncode, 0, shown.stderr)
+            self.assertIn("--steps", shown.stdout, script)
+        misplaced = subprocess.run([os.path.join(ROOT, "scripts", "quickstart"), "--port", "1", "x"], capture_output=True,
+                                   text=True)
+        self.assertEqual(misplaced.returncode, 2)
+        self.assertIn("the folder comes first", misplaced.stderr)
+
     def test_a_folder_that_is_not_empty_is_refused(self):
         out = subprocess.run([QUICKSTART, self.dir], capture_output=True, text=True, cwd=self.cwd)
         self.assertEqual(out.returncode, 1)

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <map>
 #include <set>
 #include <filesystem>
@@ -104,7 +105,11 @@ void Config::Set(const std::string& key, const std::string& text, const std::str
               ErrorCode::kInvalidArgument, where + ", got '" + text + "'");
       std::ostringstream range;
       if (e.type == Type::kInt) range << std::fixed << std::setprecision(0);  // 1048576, not 1.04858e+06
-      range << " in [" << e.min << ", " << e.max << "]";
+      if (e.type == Type::kInt && e.max >= static_cast<double>(INT64_MAX)) {
+        range << " of at least " << e.min;  // not "[0, 9223372036854775808]": INT64_MAX as a double
+      } else {
+        range << " in [" << e.min << ", " << e.max << "]";
+      }
       Require(v >= e.min && v <= e.max, ErrorCode::kInvalidArgument, where + range.str() + ", got " + text);
       e.value = text;
       return;

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <ctime>
 
+#include "build_stamp.h"
 #include "common/base/error.h"
 
 namespace amaq {
@@ -20,8 +21,18 @@ void AddProgramKeys(Config& config) {
                  "validate the settings (ranges, method, addresses; no file but --config is opened) and exit: 0 valid, 2 not");
 }
 
+const char* BuildCommit() { return AMAQ_BUILD_COMMIT; }
+bool BuildDirty() { return AMAQ_BUILD_DIRTY; }
+
 int RunProgram(Config& config, int argc, char** argv, const std::function<int(const Config&)>& run,
                const std::function<void(const Config&)>& check) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--version") {
+      std::printf("%s built from commit %s%s\n", std::filesystem::path(argv[0]).filename().c_str(), BuildCommit(),
+                  BuildDirty() ? " with local changes" : "");
+      return 0;
+    }
+  }
   try {
     if (!config.Parse(argc, argv)) return 0;
     spdlog::set_level(spdlog::level::from_str(config.String("log_level")));

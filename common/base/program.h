@@ -1,7 +1,8 @@
 // The error boundary of amaq's programs (docs/architecture.md, "Errors"): parses the settings,
 // sets the log level, runs the program, and turns what escapes into a log line and an exit code:
 // 0 done, 1 failed, 2 bad settings (amaq::Error kInvalidArgument). With --check_config the
-// program only validates its settings (check) and exits: 0 valid, 2 not.
+// program only validates its settings (check) and exits: 0 valid, 2 not; with --version it
+// prints the commit it was built from and exits 0.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +14,11 @@ namespace amaq {
 
 // The keys every program has: log_level and check_config. Call from the program's Config().
 void AddProgramKeys(Config& config);
+
+// The commit this build comes from (40 hex digits; "unknown" outside a git checkout), and whether
+// tracked files differed from it when it was built (cmake/build_stamp.cmake).
+const char* BuildCommit();
+bool BuildDirty();
 
 // `check` validates what the program derives from its settings (option ranges, method names,
 // addresses) without opening a file, a socket or the model, so that a deployment's arguments can
