@@ -1,10 +1,12 @@
 // Codec throughput on a [4096 tokens x 4096 channels] fp32 tensor, one thread: quantize+pack
 // (Encode) and unpack+dequantize (Decode) in GB/s of fp32 input, next to memcpy of the same buffer.
-// Counters: payload and metadata bytes of one message, and metadata as a share of payload.
+// Counters: payload and metadata bytes of one message, and metadata as a share of payload. And
+// AQ-SGD's sender encoding deltas.
 #include <benchmark/benchmark.h>
 
 #include <cstring>
 
+#include "quant/aqsgd.h"
 #include "quant/codec.h"
 #include "quant/isa.h"
 #include "test_tensors.h"
@@ -89,6 +91,22 @@ void BM_Decode(benchmark::State& state) {
   }
   SetCounters(state, e);
 }
+
+// AQ-SGD's sender on its second visit of 64 samples of 64 x 4096 (the input above): every sample
+// a 4-bit delta on its cached entry (the entries then move by each delta, as in training).
+void BM_AqsgdEncode(benchmark::State& state) {
+  const auto& x = Input();
+  std::vector<uint64_t> ids(64);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = i;
+  AqsgdSender sender(AqsgdOptions{});
+  Encoded e = sender.Encode(x.data(), ids, kRows / 64, kCols);
+  for (auto _ : state) {
+    e = sender.Encode(x.data(), ids, kRows / 64, kCols);
+    benchmark::DoNotOptimize(e.bytes.data());
+  }
+  SetCounters(state, e);
+}
+BENCHMARK(BM_AqsgdEncode)->Unit(benchmark::kMillisecond);
 
 // Args: {bits (0 = mixed 3..8 per channel), zstd, scheme (3 affine; 4 symmetric, AQ-SGD's deltas;
 // 2 the fp16 cast and 1 the bf16 cast, bits unused), kernels (1 the best this CPU runs, 0 portable),

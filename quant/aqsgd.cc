@@ -21,10 +21,6 @@ constexpr uint8_t kFull = 0, kDelta = 1;
 // Beyond this magnitude a value goes in full rather than as a delta (docs/wire-format.md).
 constexpr float kDeltaRange = 1e38f;
 
-bool WithinDeltaRange(const float* v, size_t n) {
-  return std::all_of(v, v + n, [](float x) { return std::fabs(x) <= kDeltaRange; });
-}
-
 void PutPart(ByteWriter& w, const Encoded& part) {
   w.Put(static_cast<uint64_t>(part.bytes.size()));
   w.PutBytes(part.bytes.data(), part.bytes.size());
@@ -59,17 +55,24 @@ Encoded AqsgdSender::Encode(const float* x, const std::vector<uint64_t>& ids,
     // stays within fp32's range on both sides (|x - m| <= 2 kDeltaRange, and the delta's grid
     // covers its channel's largest |x - m| by at most a rounding of its step).
     const std::optional<ActivationCache::Held> held = in_full ? std::nullopt : cache_.Describe(ids[i]);
-    flags[i] = held && held->rows == rows_per_sample && held->cols == cols && WithinDeltaRange(xs, sample_size) &&
-                       WithinDeltaRange(cache_.Find(ids[i])->data(), sample_size)
-                   ? kDelta
-                   : kFull;
+    flags[i] = held && held->rows == rows_per_sample && held->cols == cols ? kDelta : kFull;
     if (flags[i] == kDelta) {
-      bases[i] = held->tag;
       const std::vector<float>& m = *cache_.Find(ids[i]);
-      for (size_t k = 0; k < sample_size; ++k) delta.push_back(xs[k] - m[k]);
-    } else {
-      full.insert(full.end(), xs, xs + sample_size);
+      const size_t begin = delta.size();
+      delta.resize(begin + sample_size);
+      bool within = true;  // one pass: the delta and the range check together
+      for (size_t k = 0; k < sample_size; ++k) {
+        delta[begin + k] = xs[k] - m[k];
+        within &= std::fabs(xs[k]) <= kDeltaRange && std::fabs(m[k]) <= kDeltaRange;
+      }
+      if (within) {
+        bases[i] = held->tag;
+      } else {
+        delta.resize(begin);
+        flags[i] = kFull;
+      }
     }
+    if (flags[i] == kFull) full.insert(full.end(), xs, xs + sample_size);
   }
   const auto rows_of = [&](const std::vector<float>& part) {
     return static_cast<int64_t>(part.size()) / cols;
