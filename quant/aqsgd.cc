@@ -37,17 +37,12 @@ AqsgdSender::AqsgdSender(AqsgdOptions options)
           "AQ-SGD's warm-up scheme must be fp32, bf16 or fp16");
 }
 
-Encoded AqsgdSender::Encode(const float* x, const std::vector<uint64_t>& ids,
-                            int64_t rows_per_sample, int64_t cols, float* reconstruction, bool in_full) {
-  Require(rows_per_sample > 0 && cols > 0, ErrorCode::kInvalidArgument,
-          "AQ-SGD needs rows_per_sample > 0 and cols > 0");
-  Require(std::unordered_set<uint64_t>(ids.begin(), ids.end()).size() == ids.size(),
-          ErrorCode::kInvalidArgument,
-          "AQ-SGD batch repeats a sample id: each sample may appear once per message");
+AqsgdSender::Split AqsgdSender::SplitSamples(const float* x, const std::vector<uint64_t>& ids,
+                                             int64_t rows_per_sample, int64_t cols, bool in_full) {
   const size_t sample_size = static_cast<size_t>(rows_per_sample * cols);
-  std::vector<uint8_t> flags(ids.size());
-  std::vector<uint64_t> bases(ids.size());  // the tags of the entries the deltas add to
-  std::vector<float> full, delta;
+  Split split;
+  split.flags.resize(ids.size());
+  split.bases.resize(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {
     const float* xs = x + i * sample_size;
     // A delta adds to an entry of exactly this shape; a sample whose shape changed goes in full,
@@ -55,9 +50,10 @@ Encoded AqsgdSender::Encode(const float* x, const std::vector<uint64_t>& ids,
     // stays within fp32's range on both sides (|x - m| <= 2 kDeltaRange, and the delta's grid
     // covers its channel's largest |x - m| by at most a rounding of its step).
     const std::optional<ActivationCache::Held> held = in_full ? std::nullopt : cache_.Describe(ids[i]);
-    flags[i] = held && held->rows == rows_per_sample && held->cols == cols ? kDelta : kFull;
-    if (flags[i] == kDelta) {
+    split.flags[i] = held && held->rows == rows_per_sample && held->cols == cols ? kDelta : kFull;
+    if (split.flags[i] == kDelta) {
       const std::vector<float>& m = *cache_.Find(ids[i]);
+      std::vector<float>& delta = split.delta;
       const size_t begin = delta.size();
       delta.resize(begin + sample_size);
       bool within = true;  // one pass: the delta and the range check together
@@ -66,14 +62,45 @@ Encoded AqsgdSender::Encode(const float* x, const std::vector<uint64_t>& ids,
         within &= std::fabs(xs[k]) <= kDeltaRange && std::fabs(m[k]) <= kDeltaRange;
       }
       if (within) {
-        bases[i] = held->tag;
+        split.bases[i] = held->tag;
       } else {
         delta.resize(begin);
-        flags[i] = kFull;
+        split.flags[i] = kFull;
       }
     }
-    if (flags[i] == kFull) full.insert(full.end(), xs, xs + sample_size);
+    if (split.flags[i] == kFull) split.full.insert(split.full.end(), xs, xs + sample_size);
   }
+  return split;
+}
+
+void AqsgdSender::UpdateCache(const std::vector<uint64_t>& ids, const Split& split,
+                              const std::vector<float>& full_hat, const std::vector<float>& delta_hat,
+                              int64_t cols, uint64_t tag, float* reconstruction) {
+  const size_t sample_size = ids.empty() ? 0 : (split.full.size() + split.delta.size()) / ids.size();
+  size_t full_at = 0, delta_at = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    std::vector<float> m;
+    if (split.flags[i] == kFull) {
+      m.assign(full_hat.begin() + full_at, full_hat.begin() + full_at + sample_size);
+      full_at += sample_size;
+    } else {
+      m = *cache_.Find(ids[i]);
+      for (size_t k = 0; k < sample_size; ++k) m[k] += delta_hat[delta_at + k];
+      delta_at += sample_size;
+    }
+    if (reconstruction) std::copy(m.begin(), m.end(), reconstruction + i * sample_size);
+    cache_.Insert(ids[i], std::move(m), cols, tag);
+  }
+}
+
+Encoded AqsgdSender::Encode(const float* x, const std::vector<uint64_t>& ids,
+                            int64_t rows_per_sample, int64_t cols, float* reconstruction, bool in_full) {
+  Require(rows_per_sample > 0 && cols > 0, ErrorCode::kInvalidArgument,
+          "AQ-SGD needs rows_per_sample > 0 and cols > 0");
+  Require(std::unordered_set<uint64_t>(ids.begin(), ids.end()).size() == ids.size(),
+          ErrorCode::kInvalidArgument,
+          "AQ-SGD batch repeats a sample id: each sample may appear once per message");
+  const Split split = SplitSamples(x, ids, rows_per_sample, cols, in_full);
   const auto rows_of = [&](const std::vector<float>& part) {
     return static_cast<int64_t>(part.size()) / cols;
   };
@@ -82,10 +109,10 @@ Encoded AqsgdSender::Encode(const float* x, const std::vector<uint64_t>& ids,
   full_options.zstd = delta_options.zstd = options_.zstd;
   delta_options.scheme = Scheme::kSymmetric;
   delta_options.granularity = Granularity::kChannel;
-  std::vector<float> full_hat(full.size()), delta_hat(delta.size());
-  const Encoded full_part = Encoder().Encode(full.data(), rows_of(full), cols, BitsTable{},
+  std::vector<float> full_hat(split.full.size()), delta_hat(split.delta.size());
+  const Encoded full_part = Encoder().Encode(split.full.data(), rows_of(split.full), cols, BitsTable{},
                                              full_options, full_hat.data());
-  const Encoded delta_part = Encoder().Encode(delta.data(), rows_of(delta), cols,
+  const Encoded delta_part = Encoder().Encode(split.delta.data(), rows_of(split.delta), cols,
                                               BitsTable::Uniform(options_.bits), delta_options, delta_hat.data());
 
   Encoded frame;
@@ -97,8 +124,8 @@ Encoded AqsgdSender::Encode(const float* x, const std::vector<uint64_t>& ids,
   w.Put(static_cast<uint64_t>(cols));
   for (size_t i = 0; i < ids.size(); ++i) {
     w.Put(ids[i]);
-    w.Put(flags[i]);
-    w.Put(bases[i]);
+    w.Put(split.flags[i]);
+    w.Put(split.bases[i]);
   }
   w.Put(WireChecksum(frame.bytes.data(), frame.bytes.size()));
   const uint64_t frame_header = frame.bytes.size() + 16;  // + the two part lengths
@@ -108,25 +135,12 @@ Encoded AqsgdSender::Encode(const float* x, const std::vector<uint64_t>& ids,
   frame.count.metadata = frame_header + full_part.count.metadata + delta_part.count.metadata;
 
   // Update m(id) exactly as the receiver will, tagged with this frame, and hand back what it will hold.
-  const uint64_t tag = WireChecksum(frame.bytes.data(), frame.bytes.size());
-  size_t full_at = 0, delta_at = 0;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    std::vector<float> m;
-    if (flags[i] == kFull) {
-      m.assign(full_hat.begin() + full_at, full_hat.begin() + full_at + sample_size);
-      full_at += sample_size;
-    } else {
-      m = *cache_.Find(ids[i]);
-      for (size_t k = 0; k < sample_size; ++k) m[k] += delta_hat[delta_at + k];
-      delta_at += sample_size;
-    }
-    if (reconstruction) std::copy(m.begin(), m.end(), reconstruction + i * sample_size);
-    cache_.Insert(ids[i], std::move(m), cols, tag);
-  }
-  const double elements = static_cast<double>(ids.size() * sample_size);
+  UpdateCache(ids, split, full_hat, delta_hat, cols, WireChecksum(frame.bytes.data(), frame.bytes.size()),
+              reconstruction);
+  const double elements = static_cast<double>(split.full.size() + split.delta.size());
   frame.average_bits = elements == 0 ? 0
-      : (full_part.average_bits * static_cast<double>(full.size()) +
-         options_.bits * static_cast<double>(delta.size())) / elements;
+      : (full_part.average_bits * static_cast<double>(split.full.size()) +
+         options_.bits * static_cast<double>(split.delta.size())) / elements;
   return frame;
 }
 

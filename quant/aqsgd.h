@@ -51,6 +51,18 @@ class AqsgdSender {
   ActivationCache& cache() { return cache_; }  // to save and load it (ActivationCache::Save)
 
  private:
+  // The message's samples split into those sent in full and those sent as deltas to their entry.
+  struct Split {
+    std::vector<uint8_t> flags;  // per sample: in full or as a delta
+    std::vector<uint64_t> bases;  // per sample sent as a delta: the tag of the entry it adds to
+    std::vector<float> full, delta;  // the samples sent in full; the deltas, sample after sample
+  };
+  Split SplitSamples(const float* x, const std::vector<uint64_t>& ids, int64_t rows_per_sample,
+                     int64_t cols, bool in_full);
+  // Sets each sample's entry to what the receiver will hold after decoding `split`, tagged `tag`.
+  void UpdateCache(const std::vector<uint64_t>& ids, const Split& split, const std::vector<float>& full_hat,
+                   const std::vector<float>& delta_hat, int64_t cols, uint64_t tag, float* reconstruction);
+
   AqsgdOptions options_;
   ActivationCache cache_;
 };

@@ -86,7 +86,7 @@ AMAQ_VECTOR_CLONES void RangeOfColumns(const float* x, int64_t rows, int64_t col
       const std::string element = "(" + std::to_string(i / cols) + ", " + std::to_string(i % cols) + ") is " + std::to_string(x[i]);
       throw Error(ErrorCode::kInvalidArgument,
                   received ? "the message's float payload element " + element +
-                                 ": an amaq sender refuses to send such a value, so the message was forged or its "
+                                 ", not a finite number: an amaq sender refuses to send such a value, so the message was forged or its "
                                  "sender is faulty; it is refused"
                            : "tensor element " + element +
                                  ": tensors must be finite; the model that produced it has diverged "
