@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <fstream>
 
+#include <spdlog/spdlog.h>
+
 #include "common/base/error.h"
 #include "common/model/lora_keys.h"
 #include "common/base/option_keys.h"
@@ -45,7 +47,9 @@ void ClientOptionKeys(Keys& keys) {
   keys.String("csv", &O::csv_path, "per-step CSV of this run (empty: none): its step column counts steps done, an evaluation repeats its step's row with the metric");
   keys.String("predictions", &O::predictions_path, "CSV of the final evaluation's answers, one line per example: example, expected, predicted, correct (empty: none)");
   keys.String("checkpoint_dir", &O::checkpoint_dir, "directory for this client's checkpoints (empty: none)");
-  keys.Int("checkpoint_every", &O::checkpoint_every, "steps between checkpoints", 1, INT64_MAX);
+  keys.Int("checkpoint_every", &O::checkpoint_every, "steps between checkpoints; above 2, a client killed between two of them is refused on restart unless accept_divergence (docs/reliability.md)", 1, INT64_MAX);
+  keys.Int("history_every", &O::history_every, "steps between writes of the method's history (AQ-SGD's cache of activations; any age is safe: older entries go in full)", 1, INT64_MAX);
+  keys.Bool("accept_divergence", &O::accept_divergence, "continue although the server applied steps beyond this client's checkpoint whose answers it no longer keeps: the client's layers then train on answers from newer server layers (docs/reliability.md)");
   keys.Int("sync_every", &O::sync_every, "collaborative mode: average the clients' adapters every N steps (0: off)", 0, INT64_MAX);
   keys.String("adapter_out", &O::adapter_out, "export the whole fine-tune here at the end as one PEFT adapter: this client's LoRA and the server's (empty: no)");
   keys.String("merged_out", &O::merged_out, "also write the base model with that adapter merged in here, a Hugging Face model directory (empty: no; needs adapter_out)");
@@ -122,6 +126,7 @@ GrpcOptions GrpcOptionsFrom(const Config& c) {
 void CheckClientConfig(const Config& c) {
   quant::Method::Parse(ClientOptionsFrom(c).method);
   SplitHostPort(c.String("server"), "server");
+  if (c.String("task") == "file") RequireUserDataFiles(c.String("train_file"), c.String("validation_file"));
 }
 
 Dataset LoadTask(const Config& c) {
@@ -142,6 +147,12 @@ Dataset LoadTask(const Config& c) {
               " training examples is empty (" + std::to_string(all.train.size()) + " examples): use a smaller shard_count");
   const auto cap = static_cast<size_t>(c.Int("max_train_examples"));
   if (cap > 0 && mine.train.size() > cap) mine.train.resize(cap);
+  std::string labels;
+  for (size_t i = 0; i < mine.labels.size() && i < 10; ++i) labels += (i ? ", " : "") + mine.labels[i];
+  if (mine.labels.size() > 10) labels += ", ...";
+  spdlog::info("{}: {} training examples (this client's share of {}), {} validation examples; {}", all.name,
+               mine.train.size(), all.train.size(), mine.validation.size(),
+               mine.is_classification() ? std::to_string(mine.labels.size()) + " labels: " + labels : "generation (prompt, completion)");
   return mine;
 }
 

@@ -359,7 +359,7 @@ bool SplitClient::BeginsNextDuring(const InFlight& f) const {
   // Evaluations, adapter averaging and checkpoints happen between steps, with none in flight.
   return options_.one_step_stale && f.r.applied && f.join == joins_ && !f.unsent && next < options_.steps &&
          !every(options_.eval_every) && !every(options_.sync_every) &&
-         (options_.checkpoint_dir.empty() || !every(options_.checkpoint_every));
+         (options_.checkpoint_dir.empty() || !every(options_.checkpoint_every)) && !StopRequested();
 }
 
 double SplitClient::Evaluate(std::vector<std::string>* predicted) {
@@ -369,6 +369,7 @@ double SplitClient::Evaluate(std::vector<std::string>* predicted) {
   // carry `targets` and no labels).
   const auto send = [&](const torch::Tensor& hidden, const torch::Tensor& mask, StepKind kind, DecodeCache cache,
                         const ScoreTargets& targets = {}) {
+    if (StopRequested()) StopNow();  // an evaluation is long: it stops between its requests
     const int64_t rows = hidden.size(0) * hidden.size(1);
     StepInput input;
     input.kind = kind;
@@ -471,17 +472,22 @@ void SplitClient::WritePredictions(const std::vector<std::string>& predicted) {
   WriteFileAtomically(options_.predictions_path, text, options_.env);
 }
 
-void SplitClient::TrySaveCheckpoint(int64_t next_step) {
+bool SplitClient::TrySaveCheckpoint(int64_t next_step, bool history) {
   try {
-    SaveCheckpoint(next_step);
+    SaveCheckpoint(next_step, history);
+    return true;
   } catch (const Error& e) {
-    spdlog::error("client {}: checkpoint of step {} failed (the previous one is intact; retrying at the next): {}",
-                  options_.client_id, next_step, e.what());
+    const std::string kept = checkpointed_ < 0 ? "no checkpoint of this run is written yet"
+                                               : "the checkpoint of step " + std::to_string(checkpointed_) + " is kept";
+    spdlog::error("client {}: the checkpoint of step {} in {} failed ({}); {}, and training goes on", options_.client_id,
+                  next_step, options_.checkpoint_dir, e.what(), kept);
+    return false;
   }
 }
 
-void SplitClient::SaveCheckpoint(int64_t next_step) {
+void SplitClient::SaveCheckpoint(int64_t next_step, bool history) {
   if (options_.checkpoint_dir.empty()) return;
+  const auto started = std::chrono::steady_clock::now();
   torch::serialize::OutputArchive archive;
   archive.write("run", c10::IValue(run_));
   archive.write("next_step", torch::tensor(next_step));
@@ -493,10 +499,15 @@ void SplitClient::SaveCheckpoint(int64_t next_step) {
   }
   for (size_t i = 0; i < last_update_.size(); ++i) archive.write("last_update." + std::to_string(i), last_update_[i]);
   codec_->Save(archive);
-  codec_->SaveHistory();  // a file of its own, of any age: safe with the checkpoint before or after it
-  std::ostringstream bytes;
-  archive.save_to(bytes);
-  WriteFileAtomically(options_.checkpoint_dir + "/" + options_.client_id + ".pt", bytes.str(), options_.env);
+  if (history) codec_->SaveHistory();  // a file of its own, of any age: safe with the checkpoint before or after it
+  std::ostringstream out;
+  archive.save_to(out);
+  const std::string bytes = out.str();
+  WriteFileAtomically(options_.checkpoint_dir + "/" + options_.client_id + ".pt", bytes, options_.env);
+  checkpointed_ = next_step;
+  spdlog::debug("client {}: checkpoint of step {} written, {} bytes{}, in {:.1f} ms", options_.client_id, next_step,
+                bytes.size(), history ? " and the method's history" : "",
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count());
 }
 
 int64_t SplitClient::LoadCheckpoint() {
@@ -541,21 +552,52 @@ int64_t SplitClient::LoadCheckpoint() {
     spdlog::warn("client {}: {}; continuing without it", options_.client_id, e.what());
   }
   spdlog::info("client {}: restored its checkpoint of step {}", options_.client_id, next.item<int64_t>());
-  return next.item<int64_t>();
+  checkpointed_ = next.item<int64_t>();
+  return checkpointed_;
+}
+
+void SplitClient::StopNow() {
+  const bool written = !options_.checkpoint_dir.empty() &&
+                       (checkpointed_ == client_next_ || TrySaveCheckpoint(client_next_, true));
+  throw Interrupted{options_.stop->load(), client_next_, written};
+}
+
+int64_t SplitClient::ResumeStep(int64_t server_next) const {
+  const std::string sides = "the server has applied " + std::to_string(server_next) + " steps of client " +
+                            options_.client_id + ", this client " + std::to_string(client_next_);
+  if (server_next > client_next_ + kAnswersKept) {
+    const std::string why = sides + ": the server keeps the answers to its last " + std::to_string(kAnswersKept) +
+                            " steps only, so steps " + std::to_string(client_next_) + " to " +
+                            std::to_string(server_next - kAnswersKept - 1) +
+                            " would train this client's layers on answers from server layers that already took them "
+                            "(two histories of one model; the client's checkpoint_dir was lost, or its checkpoints failed "
+                            "or were written less often than every " + std::to_string(kAnswersKept) + " steps)";
+    Require(options_.accept_divergence, ErrorCode::kFailedPrecondition,
+            why + ": run again with --fresh to train both halves from step 0, or set accept_divergence: true to "
+                  "continue this way");
+    spdlog::warn("client {}: {}; continuing (accept_divergence)", options_.client_id, why);
+  } else if (server_next < client_next_) {
+    spdlog::warn("client {}: {} (the server restarted from an older checkpoint): steps {} to {} are sent again for the "
+                 "server only, computed with this client's current weights (the server's checkpoint_every: 1 makes a "
+                 "server crash lose none)", options_.client_id, sides, server_next, client_next_ - 1);
+  } else if (server_next > 0) {
+    spdlog::info("client {}: {}; continuing at step {}", options_.client_id, sides, client_next_);
+  }
+  return std::min(client_next_, server_next);
 }
 
 double SplitClient::Run() {
   if (!options_.checkpoint_dir.empty()) RequireWritableDirectory(options_.checkpoint_dir, "checkpoint_dir", options_.env);
+  if (options_.one_step_stale && !options_.checkpoint_dir.empty() && options_.checkpoint_every == 1) {
+    spdlog::warn("client {}: one_step_stale overlaps no step across a checkpoint, and checkpoint_every is 1: no step "
+                 "overlaps; set checkpoint_every (e.g. 50) to overlap them, at the cost of diverging halves after a "
+                 "kill (docs/reliability.md)", options_.client_id);
+  }
   client_next_ = LoadCheckpoint();
   // Resume at the earlier of the two sides: steps the server applied after this client's
   // checkpoint are replayed for the client only, steps the client applied after the server's
   // checkpoint are replayed for the server only (TrainStep, SplitServer::Step).
-  const int64_t server_next = RetryTransient("client " + options_.client_id, [this] { return Join(); });
-  int64_t step = std::min(client_next_, server_next);
-  if (step > 0 || server_next > 0) {
-    spdlog::info("client {}: the server has applied {} steps, this client {}; continuing at step {}", options_.client_id,
-                 server_next, client_next_, step);
-  }
+  int64_t step = ResumeStep(RetryTransient("client " + options_.client_id, [this] { return Join(); }));
   Progress progress("client " + options_.client_id, options_.steps);
   int refusals = 0;
   std::optional<InFlight> next;  // one-step-stale: the step begun while the one before it was in flight
@@ -575,7 +617,7 @@ double SplitClient::Run() {
       if (e.code() != ErrorCode::kFailedPrecondition || ++refusals > 3) throw;
       spdlog::warn("client {}: {}; rejoining", options_.client_id, e.what());
       codec_->ForgetHistory();
-      step = std::min(client_next_, RetryTransient("client " + options_.client_id, [this] { return Join(); })) - 1;
+      step = ResumeStep(RetryTransient("client " + options_.client_id, [this] { return Join(); })) - 1;
       continue;
     }
     char fields[128];
@@ -588,9 +630,15 @@ double SplitClient::Run() {
       ReportMetric(step + 1, *records_.back().metric);
     }
     if (options_.sync_every > 0 && (step + 1) % options_.sync_every == 0) SyncAdapters();
-    if ((step + 1) % options_.checkpoint_every == 0) TrySaveCheckpoint(client_next_);
+    if (StopRequested() && !next) StopNow();  // the step begun ahead (one step stale) finishes first
+    if ((step + 1) % options_.checkpoint_every == 0) {
+      TrySaveCheckpoint(client_next_, client_next_ % options_.history_every == 0);
+    }
   }
-  SaveCheckpoint(client_next_);
+  if (!TrySaveCheckpoint(client_next_, true)) {
+    spdlog::warn("client {}: evaluating and exporting the adapter all the same (they do not need the checkpoint)",
+                 options_.client_id);
+  }
   const auto evaluation_started = std::chrono::steady_clock::now();
   std::vector<std::string> predicted;
   const double metric = Evaluate(options_.predictions_path.empty() ? nullptr : &predicted);

@@ -9,7 +9,10 @@
 // Evaluation runs through the server too (scores or next tokens come back). Every step appends a
 // CSV row (bytes up and down as the transport measured them, the codec's payload and metadata,
 // loss, average bits, and the metric when measured) and checkpoints are written every
-// checkpoint_every steps; a reconnect after a broken link retries the step with backoff.
+// checkpoint_every steps (by default every step: the server keeps its last kAnswersKept answers,
+// so a client killed at any moment resumes with both halves on one history); a reconnect after a
+// broken link retries the step with backoff. A stop signal (ClientOptions::stop) ends Run after
+// the step in flight, with a checkpoint, throwing Interrupted.
 //
 // One step stale (one_step_stale): Run begins step t + 1 (forward, encode, send) while step t is in
 // flight, so the client's and the link's work overlap the server's across steps. Step t + 1's
@@ -24,6 +27,7 @@
 
 #include <torch/torch.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <fstream>
@@ -70,7 +74,11 @@ struct ClientOptions {
   std::string csv_path;          // empty: no CSV
   std::string predictions_path;  // empty: none; else the final evaluation's answers per example (CSV)
   std::string checkpoint_dir;    // empty: no checkpoints
-  int64_t checkpoint_every = 50;
+  int64_t checkpoint_every = 1;
+  int64_t history_every = 50;    // steps between writes of the method's history (AQ-SGD's cache): a file of any age is safe
+  // A restarted client further behind the server than its kept answers would train on steps the
+  // server's layers already took (two histories of one model): refused unless this is set.
+  bool accept_divergence = false;
   std::string adapter_out;       // empty: no PEFT export at the end (the whole fine-tune: client/adapter_export.h)
   std::string merged_out;        // empty: no merged model directory at the end (needs adapter_out)
   std::string special_tokens = "parse";  // parse | plain: special tokens in the data's text (common/text/tokenizer.h)
@@ -83,6 +91,18 @@ struct ClientOptions {
   bool fresh = false;
   bool progress = true;
   Env* env = Env::Default();     // checkpoints and the AQ-SGD history go through it (not owned)
+  // A signal number set there (by another thread; null: none) stops Run between steps
+  // (Interrupted). Must outlive the client.
+  const std::atomic<int>* stop = nullptr;
+};
+
+// What Run throws when options.stop was set: training or its evaluation stopped, on signal
+// `signal`, after `steps_done` steps, whose checkpoint is written (`checkpointed` false: there is
+// no checkpoint_dir, or the write failed and the log says which checkpoint is kept).
+struct Interrupted {
+  int signal;
+  int64_t steps_done;
+  bool checkpointed;
 };
 
 struct StepRecord {
@@ -180,10 +200,21 @@ class SplitClient {
   // predictions_path: each evaluated example's index, expected and predicted answer, and whether
   // they agree (written whole, atomically).
   void WritePredictions(const std::vector<std::string>& predicted);
-  void SaveCheckpoint(int64_t next_step);
-  // A failed periodic checkpoint is logged and training goes on (the previous one is intact).
-  void TrySaveCheckpoint(int64_t next_step);
+  // Writes the checkpoint of `next_step` steps done (with `history`, the method's history too).
+  void SaveCheckpoint(int64_t next_step, bool history);
+  // A failed checkpoint is logged, naming the file and the last checkpoint written; training goes
+  // on (that one is intact). Returns whether it was written.
+  bool TrySaveCheckpoint(int64_t next_step, bool history);
   int64_t LoadCheckpoint();
+  // The step both halves continue at after a Join that found the server at `server_next`
+  // (docs/reliability.md, "Crashes"). Throws amaq::Error (kFailedPrecondition) when the server
+  // applied steps beyond this client's checkpoint whose answers it no longer keeps, unless
+  // accept_divergence.
+  int64_t ResumeStep(int64_t server_next) const;
+  bool StopRequested() const { return options_.stop && options_.stop->load() != 0; }
+  // Between steps (none in flight): checkpoints the steps done, unless written already, and
+  // throws Interrupted.
+  [[noreturn]] void StopNow();
 
   ClientOptions options_;
   Dataset data_;
@@ -197,6 +228,7 @@ class SplitClient {
   std::unique_ptr<quant::ClientCodec> codec_;  // the method's half at this end of the cut
   std::string fingerprint_;
   std::string run_;          // RunIdentity
+  int64_t checkpointed_ = -1;  // the steps done of the last checkpoint written (-1: none this run)
   RunStart run_start_;       // the first Join's (options' resume or fresh); kContinue after it
   std::vector<StepRecord> records_;
   std::ofstream csv_;

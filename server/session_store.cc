@@ -330,11 +330,19 @@ void SessionStore::TryCheckpoint() {
   // A failed checkpoint between steps (disk full, folder gone) must not fail the step: the previous
   // checkpoint stays, the error is logged and counted, and the next step tries again. Checkpoint()
   // (at shutdown) does throw.
+  // While checkpoints fail, the log says so once a minute, not at every step.
   try {
     Checkpoint();
+    if (checkpoints_failing_) spdlog::info("checkpoints are written again, after {} failed", checkpoint_failures_.load());
+    checkpoints_failing_ = false;
   } catch (const Error& e) {
     ++checkpoint_failures_;
-    spdlog::error("checkpoint failed (the previous one is intact; retrying after the next step): {}", e.what());
+    const Clock::time_point now = env_.Now();
+    if (checkpoints_failing_ && now - last_failure_logged_ < std::chrono::minutes(1)) return;
+    checkpoints_failing_ = true;
+    last_failure_logged_ = now;
+    spdlog::error("checkpoint failed ({} failures so far; retrying after each step, this message once a minute): {}",
+                  checkpoint_failures_.load(), e.what());
   }
 }
 
@@ -350,7 +358,14 @@ void SessionStore::Checkpoint() {
   archive.write("clients", c10::IValue(clients));
   SaveUploads(archive, uploads_);
   if (shared_) SaveLora(archive, "shared", *shared_);
-  WriteArchive(archive, CheckpointPath(), env_);
+  try {
+    WriteArchive(archive, CheckpointPath(), env_);
+  } catch (const Error& e) {
+    throw Error(e.code(), std::string(e.what()) + "; the checkpoint kept lacks the last " +
+                              std::to_string(applied_since_checkpoint_) +
+                              " applied steps: if the server stops now, its clients send them again after the restart, "
+                              "computed with their newer weights (free space in checkpoint_dir)");
+  }
   applied_since_checkpoint_ = 0;
   // The checkpoint now holds every session in memory: an evicted copy of one is out of date.
   for (const auto& [id, s] : sessions_) env_.RemoveFile(EvictedPath(id));

@@ -66,8 +66,8 @@ struct Session {
   std::unique_ptr<quant::ServerCodec> codec;
   std::unique_ptr<LoraState> own;           // per-client LoRA (null when shared)
   int64_t last_applied = -1;
-  // The answers to the parts of the last two applied steps (a client one step stale has two in
-  // flight), oldest first, kept to answer a retry of them: the replies, and the raw gradients,
+  // The answers to the parts of the last kAnswersKept applied steps (a client one step stale has
+  // two in flight), oldest first, kept to answer a retry of them: the replies, and the raw gradients,
   // encoded again on the current stream (a rejoined client's decoder does not know the old
   // stream's bits table).
   struct Answers {
@@ -133,7 +133,7 @@ class SessionStore {
   static uint64_t HeldBytes(const KvCache* cache);
 
   // Step lock. Writes the checkpoint (no-op without a checkpoint_dir); throws amaq::Error when it
-  // cannot, the previous checkpoint intact.
+  // cannot, the previous checkpoint intact, saying how many applied steps that one lacks.
   void Checkpoint();
   // Step lock. Counts an applied step, and checkpoints once checkpoint_every have been applied;
   // a failure there is logged and counted, not thrown (the next step tries again).
@@ -179,7 +179,9 @@ class SessionStore {
   std::unique_ptr<LoraState> shared_;
   std::map<std::string, std::unique_ptr<Session>> sessions_;
   std::map<std::string, NamedFloats> uploads_;  // collaborative mode: each client's latest adapter
-  int64_t applied_since_checkpoint_ = 0;
+  int64_t applied_since_checkpoint_ = 0;  // the applied steps the checkpoint on disk lacks
+  bool checkpoints_failing_ = false;  // since the last failed checkpoint (step lock)
+  Clock::time_point last_failure_logged_{};
   std::atomic<int64_t> checkpoint_failures_{0};
   std::atomic<int64_t> evicted_{0};
   std::atomic<uint64_t> memory_bytes_{0};

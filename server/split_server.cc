@@ -468,7 +468,7 @@ void SplitServer::Commit(Session& s, const StepInput& in, const Received& receiv
   s.last_applied = in.step_id;
   s.last_step_at = started;
   s.applied.push_back({in.step_id, std::move(s.partial_replies), std::move(s.partial_gradients)});
-  if (s.applied.size() > 2) s.applied.pop_front();
+  if (s.applied.size() > static_cast<size_t>(kAnswersKept)) s.applied.pop_front();
   s.partial_replies.clear();
   s.partial_gradients.clear();
   s.partial_step = -1;

@@ -1,6 +1,7 @@
 // Checkpoints when the disk fails: a full disk (emulated with RLIMIT_FSIZE, so that write() fails
 // with EFBIG the way it fails with ENOSPC, as root too) and a checkpoint folder that cannot be
-// written. Training goes on or stops with a clear error; the previous checkpoint stays loadable.
+// written. Training goes on (a client's evaluation and adapter too) or stops with a clear error; the
+// previous checkpoint stays loadable.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -10,6 +11,7 @@
 
 #include "inproc/local_transport.h"
 #include "common/base/error.h"
+#include "fault_env.h"
 #include "tiny_model.h"
 
 namespace amaq {
@@ -59,6 +61,7 @@ TEST(CheckpointFaults, ServerKeepsServingAndKeepsItsLastCheckpointWhenTheDiskIsF
         FAIL() << "the shutdown checkpoint must report the failure";
       } catch (const Error& e) {
         EXPECT_NE(std::string(e.what()).find("previous file"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("lacks the last 2 applied steps"), std::string::npos) << e.what();
       }
     }
     EXPECT_EQ(ReadBytes(checkpoints + "/server.pt"), saved) << "the previous checkpoint is intact";
@@ -69,29 +72,29 @@ TEST(CheckpointFaults, ServerKeepsServingAndKeepsItsLastCheckpointWhenTheDiskIsF
   EXPECT_EQ(restored.Stats().at("c").steps, 3) << "the intact checkpoint loads";
 }
 
-TEST(CheckpointFaults, ClientStopsWithAClearErrorAndKeepsItsLastCheckpointWhenTheDiskIsFull) {
+// Issue 55 item 4: a client whose final checkpoint fails still evaluates and writes its adapter
+// (before, it exited 1 on the checkpoint with neither, although the adapter's folder had space).
+TEST(CheckpointFaults, AClientWhoseFinalCheckpointFailsStillEvaluatesAndExportsItsAdapter) {
   const std::string model = testing::TinyModelDir("disk-full-client");
   server::SplitServer server(testing::TinyServerOptions(model));
   inproc::LocalTransport transport(server);
   client::ClientOptions o = testing::TinyClientOptions(model, "c", "bf16", 4);
   o.checkpoint_dir = testing::TempDir("disk-full-client-checkpoints");
-  o.checkpoint_every = 2;
   client::SplitClient(o, testing::ParityDataset(32), transport).Run();
   const std::string path = o.checkpoint_dir + "/c.pt";
   const std::string saved = ReadBytes(path);
   ASSERT_FALSE(saved.empty());
+  testing::FaultEnv env;
+  o.env = &env;
   o.steps = 8;
-  {
-    DiskFull full(1024);
-    client::SplitClient again(o, testing::ParityDataset(32), transport);
-    try {
-      again.Run();
-      FAIL() << "the final checkpoint cannot be written: Run must say so";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
-    }
-    EXPECT_EQ(again.records().size(), 4u) << "training went on past the failed periodic checkpoint";
-  }
+  o.checkpoint_every = 100;  // the final checkpoint is the first one written
+  o.adapter_out = testing::TempDir("disk-full-client-adapter");
+  env.FailNth(testing::FaultEnv::Op::kWrite, "c.pt", 1);
+  client::SplitClient again(o, testing::ParityDataset(32), transport);
+  EXPECT_NO_THROW(again.Run()) << "the evaluation and the adapter do not need the checkpoint";
+  EXPECT_EQ(env.injected(), 1) << "the final checkpoint was not written through the Env";
+  EXPECT_TRUE(again.records().back().metric.has_value()) << "the final evaluation ran";
+  EXPECT_TRUE(std::filesystem::exists(o.adapter_out + "/adapter_model.safetensors")) << "the adapter was exported";
   EXPECT_EQ(ReadBytes(path), saved) << "the previous checkpoint is intact";
 }
 

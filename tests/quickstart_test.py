@@ -5,7 +5,8 @@ Runs scripts/quickstart into a new folder, then the server and client commands i
 as printed, from an empty working directory: the client finishes its steps over TLS with its token,
 writes its CSV and adapter inside the folder, the server stops cleanly on SIGTERM with its
 checkpoint inside the folder, and nothing is written anywhere else (the working directory stays
-empty). Then the mistakes a first user makes: a folder that is not empty is refused, and a server
+empty). A run interrupted with Ctrl-C (SIGINT) says so and continues with the same command; --fresh starts
+it over. Then the mistakes a first user makes: a folder that is not empty is refused, and a server
 whose tokens file is missing stops before it writes its checkpoint folder.
 """
 import os
@@ -47,9 +48,13 @@ class Quickstart(unittest.TestCase):
         self.dir = os.path.join(self.work, "first-run")
         self.cwd = os.path.join(self.work, "cwd")
         os.mkdir(self.cwd)
+        self.quickstart(self.dir, steps=3)
+
+    def quickstart(self, dir, steps):
+        """Runs scripts/quickstart into dir; keeps the two commands it prints."""
         self.port = free_port()
-        out = subprocess.run([QUICKSTART, self.dir, "--port", str(self.port), "--metrics_port", str(free_port()),
-                              "--steps", "3", "--eval_examples", "8"], capture_output=True, text=True, cwd=self.cwd)
+        out = subprocess.run([QUICKSTART, dir, "--port", str(self.port), "--metrics_port", str(free_port()),
+                              "--steps", str(steps), "--eval_examples", "8"], capture_output=True, text=True, cwd=self.cwd)
         self.assertEqual(out.returncode, 0, out.stderr)
         self.printed = out.stdout
         commands = [line.strip() for line in out.stdout.splitlines() if line.startswith("  ")]
@@ -63,16 +68,22 @@ class Quickstart(unittest.TestCase):
         self.addCleanup(lambda: server.poll() is None and server.kill())
         return server
 
+    def wait_listening(self, server, log):
+        deadline = time.monotonic() + 120
+        while not listening(self.port):
+            self.assertIsNone(server.poll(), "the server stopped: " + read(log.name))
+            self.assertLess(time.monotonic(), deadline, "the server did not listen within 120 s")
+            time.sleep(0.2)
+
+    def run_client(self, *extra):
+        return subprocess.run(shlex.split(self.client_command) + list(extra), cwd=self.cwd, capture_output=True,
+                              text=True, timeout=540)
+
     def test_the_printed_commands_run_as_printed(self):
         with open(os.path.join(self.work, "server.log"), "w+") as log:
             server = self.start_server(log)
-            deadline = time.monotonic() + 120
-            while not listening(self.port):
-                self.assertIsNone(server.poll(), "the server stopped: " + read(log.name))
-                self.assertLess(time.monotonic(), deadline, "the server did not listen within 120 s")
-                time.sleep(0.2)
-            client = subprocess.run(shlex.split(self.client_command), cwd=self.cwd, capture_output=True, text=True,
-                                    timeout=540)
+            self.wait_listening(server, log)
+            client = self.run_client()
             self.assertEqual(client.returncode, 0, client.stdout + client.stderr)
             self.assertIn("client client-1", client.stdout)
             self.assertIn("steps 3", client.stdout)
@@ -84,6 +95,38 @@ class Quickstart(unittest.TestCase):
         self.assertTrue(os.listdir(os.path.join(self.dir, "client-1", "adapter")))
         self.assertTrue(os.listdir(os.path.join(self.dir, "server")))
         self.assertEqual(os.listdir(self.cwd), [], "written outside the quickstart's folder")
+
+    def test_an_interrupted_run_continues_and_fresh_starts_over(self):
+        """Ctrl-C in the client's terminal, then the same command, then the same command with --fresh."""
+        self.quickstart(os.path.join(self.work, "interrupted"), steps=40)
+        csv = os.path.join(self.work, "interrupted", "runs", "client-1.csv")
+        with open(os.path.join(self.work, "server.log"), "w+") as log:
+            server = self.start_server(log)
+            self.wait_listening(server, log)
+            client = subprocess.Popen(shlex.split(self.client_command), cwd=self.cwd, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True)
+            deadline = time.monotonic() + 300
+            while not (os.path.exists(csv) and len(read(csv).splitlines()) >= 1 + 3):
+                self.assertIsNone(client.poll(), client.stdout.read() if client.poll() is not None else "")
+                self.assertLess(time.monotonic(), deadline, "the client made no 3 steps within 300 s")
+                time.sleep(0.1)
+            client.send_signal(signal.SIGINT)
+            said = client.communicate(timeout=120)[0]
+            self.assertEqual(client.returncode, 130, said)
+            done = len(read(csv).splitlines()) - 1
+            self.assertIn(f"interrupted at step {done}: run the same command to continue", said)
+
+            again = self.run_client()
+            self.assertEqual(again.returncode, 0, again.stdout + again.stderr)
+            self.assertIn(f"restored its checkpoint of step {done}", again.stdout + again.stderr)
+            self.assertIn("steps 40", again.stdout)
+
+            fresh = self.run_client("--fresh")
+            self.assertEqual(fresh.returncode, 0, fresh.stdout + fresh.stderr)
+            self.assertIn("fresh:", fresh.stdout + fresh.stderr)
+            self.assertNotIn("restored its checkpoint", fresh.stdout + fresh.stderr)
+            server.send_signal(signal.SIGTERM)
+            self.assertEqual(server.wait(timeout=60), 0, read(log.name))
 
     def test_help_helps_and_an_option_for_the_folder_is_refused(self):
         for script in ("quickstart", "demo"):

@@ -26,7 +26,7 @@ bool BuildDirty();
 int RunProgram(Config& config, int argc, char** argv, const std::function<int(const Config&)>& run,
                const std::function<void(const Config&)>& check);
 
-// SIGINT and SIGTERM stop the long-running programs (amaq-server, amaq-netem) cleanly.
+// SIGINT and SIGTERM stop the long-running programs (amaq-server, amaq-client, amaq-netem) cleanly.
 // BlockStopSignals() blocks them in the calling thread: call it first in main, so that every
 // thread started later inherits the mask and the signals wait for WaitForStopSignal, which returns
 // the signal, or 0 when `seconds` (> 0) passed first.

@@ -12,6 +12,12 @@ namespace amaq {
 
 enum class StepKind { kTrain = 0, kScore = 1, kNextToken = 2 };
 
+// The server keeps the answers to each client's last kAnswersKept applied training steps
+// (docs/protocol.md, "Idempotent steps"): a client that lost up to that many replies (a retry, a
+// restart from its checkpoint) gets them again exactly; one further behind would train on answers
+// computed with the server's newer weights (SplitClient refuses that unless accept_divergence).
+constexpr int64_t kAnswersKept = 2;
+
 // NEXT_TOKEN steps may decode with a cache on the server (docs/protocol.md): kStart sends
 // left-padded prompts and keeps the server part's keys and values, kExtend sends one new token per
 // row of those sequences. kNone: every row is sent whole.
