@@ -77,6 +77,17 @@ class Programs(unittest.TestCase):
                 self.assertEqual(out.returncode, code, out.stdout + out.stderr)
                 self.assertIn(message, out.stdout + out.stderr)
 
+    def test_check_config_refuses_a_file_task_without_its_files(self):
+        for args, message in [((), "no training file: set train_file"),
+                              (("--train_file", "t.jsonl"), "no validation file: set validation_file")]:
+            with self.subTest(args=args):
+                out = run("amaq-client", "--task", "file", *args, "--check_config", "true")
+                self.assertEqual(out.returncode, 2, out.stdout + out.stderr)
+                self.assertIn(message, out.stdout + out.stderr)
+        given = run("amaq-client", "--task", "file", "--train_file", "t.jsonl", "--validation_file", "v.jsonl",
+                    "--check_config", "true")
+        self.assertEqual(given.returncode, 0, given.stdout + given.stderr)
+
 
 if __name__ == "__main__":
     unittest.main()

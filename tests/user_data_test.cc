@@ -70,7 +70,7 @@ TEST_F(UserData, EachMistakeNamesTheFileTheLineAndTheFix) {
   const auto expect = [&](const std::string& message, const std::string& part) {
     EXPECT_NE(message.find(part), std::string::npos) << "\"" << part << "\" missing from: " << message;
   };
-  expect(ErrorOf(dir_ + "/absent.jsonl", valid, ErrorCode::kNotFound), "absent.jsonl: data file not found");
+  expect(ErrorOf(dir_ + "/absent.jsonl", valid), "absent.jsonl: data file not found");
   expect(ErrorOf(Write("empty.jsonl", "\n\n"), valid), "empty.jsonl: has no examples");
   expect(ErrorOf(Write("empty.csv", ""), valid), "empty.csv: empty: the first line names the columns");
   expect(ErrorOf(Write("header.csv", "text,label\n"), valid), "header.csv: has no examples");
@@ -91,7 +91,18 @@ TEST_F(UserData, EachMistakeNamesTheFileTheLineAndTheFix) {
   expect(ErrorOf(Write("data.tsv", "text\tlabel\n"), valid), "data.tsv: unknown data format: name the file .jsonl or .csv");
   expect(ErrorOf("", valid), "no training file: set train_file");
   expect(ErrorOf(valid, ""), "no validation file: set validation_file");
-  expect(ErrorOf(valid, dir_ + "/absent.csv", ErrorCode::kNotFound), "absent.csv: data file not found");
+  expect(ErrorOf(valid, dir_ + "/absent.csv"), "absent.csv: data file not found");
+  // Issue 55 item 5: bytes that are not UTF-8 (accepted in CSV, "not a JSON object" in JSONL), a
+  // misspelled header (reported at line 2), JSON's own reason.
+  expect(ErrorOf(Write("latin1.csv", "text,label\ncaf\xe9,pos\n"), valid),
+         "latin1.csv:2: invalid UTF-8 byte at index 3: 0xE9: the file is not UTF-8");
+  expect(ErrorOf(Write("latin1.jsonl", "{\"text\": \"caf\xe9\", \"label\": \"b\"}\n"), valid),
+         "latin1.jsonl:1: invalid UTF-8 byte at index 12: 0xE9: the file is not UTF-8");
+  expect(ErrorOf(Write("misspelled.csv", "txt,label\nhello,pos\n"), valid),
+         "misspelled.csv:1: the header names the columns txt,label: name them text,label (classification) or "
+         "prompt,completion");
+  expect(ErrorOf(Write("comma.jsonl", "{\"text\": \"a\", \"label\": \"b\",}\n"), valid),
+         "comma.jsonl:1: not a JSON object (syntax error while parsing");
 }
 
 }  // namespace

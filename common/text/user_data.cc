@@ -23,11 +23,28 @@ using RecordSink = std::function<void(Record)>;
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  Require(in.good(), ErrorCode::kNotFound, path + ": data file not found: check the path given as train_file or validation_file");
+  Require(in.good(), ErrorCode::kInvalidArgument, path + ": data file not found: check the path given as train_file or validation_file");
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 bool IsBlank(const std::string& s) { return s.find_first_not_of(" \t\r\n") == std::string::npos; }
+
+// Refuses text that is not UTF-8, naming its first bad byte (nlohmann's dump checks the encoding
+// and says "invalid UTF-8 byte at index 3: 0xE9").
+void RequireUtf8(const std::string& text, const std::string& where) {
+  try {
+    (void)nlohmann::json(text).dump();
+  } catch (const nlohmann::json::type_error& e) {
+    const std::string what = e.what();
+    throw Error(ErrorCode::kInvalidArgument, where + ": " + what.substr(what.find(']') + 2) +
+                                                 ": the file is not UTF-8 (a Latin-1 or Windows-1252 accent is such a "
+                                                 "byte): save it as UTF-8");
+  }
+}
+
+bool HasColumns(const std::map<std::string, std::string>& f, const char* a, const char* b) {
+  return f.count(a) && f.count(b);
+}
 
 // A JSON value as a field: strings as they are, other scalars as JSON writes them (a label 1).
 std::string FieldText(const nlohmann::json& value, const std::string& where, const std::string& key) {
@@ -43,11 +60,14 @@ void ReadJsonl(const std::string& path, const RecordSink& sink) {
   for (int number = 1; std::getline(in, line); ++number) {
     if (IsBlank(line)) continue;
     const std::string where = path + ":" + std::to_string(number);
+    RequireUtf8(line, where);
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception&) {
-      throw Error(ErrorCode::kInvalidArgument, where + ": not a JSON object: write one {...} per line");
+    } catch (const nlohmann::json::exception& e) {
+      const std::string what = e.what();
+      throw Error(ErrorCode::kInvalidArgument, where + ": not a JSON object (" + what.substr(what.find(']') + 2) +
+                                                   "): write one {...} per line");
     }
     Require(j.is_object(), ErrorCode::kInvalidArgument, where + ": not a JSON object: write one {...} per line");
     Record record{{}, where};
@@ -69,8 +89,19 @@ void ReadCsv(const std::string& path, const RecordSink& sink) {
   bool quoted = false, was_quoted = false;
   const auto end_record = [&] {
     const std::string where = path + ":" + std::to_string(record_line);
+    for (const std::string& field : fields) RequireUtf8(field, where);
     if (header.empty()) {
       header = fields;
+      std::map<std::string, std::string> named;
+      std::string names;
+      for (const std::string& h : header) {
+        named[h];
+        names += (names.empty() ? "" : ",") + h;
+      }
+      Require(IsBlank(names) || HasColumns(named, "text", "label") || HasColumns(named, "prompt", "completion"),
+              ErrorCode::kInvalidArgument,
+              where + ": the header names the columns " + names +
+                  ": name them text,label (classification) or prompt,completion (generation), in lower case");
     } else if (!(fields.size() == 1 && IsBlank(fields[0]))) {
       Require(fields.size() == header.size(), ErrorCode::kInvalidArgument,
               where + ": " + std::to_string(fields.size()) + " fields where the header has " +
@@ -126,14 +157,14 @@ void ReadExamples(const std::string& path, Dataset* d, std::map<std::string, int
   const auto add = [&](Record r) {
     auto& f = r.fields;
     Example e;
-    if (f.count("text") && f.count("label")) {
+    if (HasColumns(f, "text", "label")) {
       e.prompt = f["text"] + "\nlabel:";
       e.completion = f["label"];
       Require(!IsBlank(e.completion), ErrorCode::kInvalidArgument, r.where + ": the label is empty: give each example its class");
       const auto [it, added] = label_index->emplace(e.completion, static_cast<int>(d->labels.size()));
       if (added) d->labels.push_back(e.completion);
       e.label = it->second;
-    } else if (f.count("prompt") && f.count("completion")) {
+    } else if (HasColumns(f, "prompt", "completion")) {
       e.prompt = f["prompt"];
       e.completion = f["completion"];
       Require(!IsBlank(e.completion), ErrorCode::kInvalidArgument, r.where + ": the completion is empty: give each prompt the text to learn");
@@ -156,10 +187,14 @@ void ReadExamples(const std::string& path, Dataset* d, std::map<std::string, int
 
 }  // namespace
 
-Dataset LoadUserData(const std::string& train_path, const std::string& validation_path) {
+void RequireUserDataFiles(const std::string& train_path, const std::string& validation_path) {
   Require(!train_path.empty(), ErrorCode::kInvalidArgument, "no training file: set train_file (a .jsonl or .csv file)");
   Require(!validation_path.empty(), ErrorCode::kInvalidArgument,
           "no validation file: set validation_file (a .jsonl or .csv file of examples kept out of training); the client reports its accuracy on it");
+}
+
+Dataset LoadUserData(const std::string& train_path, const std::string& validation_path) {
+  RequireUserDataFiles(train_path, validation_path);
   Dataset d;
   d.name = std::filesystem::path(train_path).stem().string();
   std::map<std::string, int> label_index;

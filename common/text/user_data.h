@@ -8,9 +8,10 @@
 //          order; other columns are ignored).
 //
 // The format follows the file name's extension (.jsonl or .csv). Each error is an amaq::Error whose
-// message starts with the file's path (and the line, for a bad record) and says what to change:
-// kNotFound for a missing file, kInvalidArgument for anything else, an empty file or a file of only
-// a header included. One data set is either classification or generation, in all its files.
+// message starts with the file's path (and the line, for a bad record or header) and says what to
+// change; its code is kInvalidArgument (amaq-client exits 2, as for other bad settings), a missing
+// file, bytes that are not UTF-8, an empty file or a file of only a header included. One data set
+// is either classification or generation, in all its files.
 #pragma once
 
 #include <string>
@@ -19,8 +20,11 @@
 
 namespace amaq {
 
-// Both files are required (the client reports its metric on the validation examples). The labels
-// are numbered in order of first appearance in the training file, then validation.
+// Both files are required (the client reports its metric on the validation examples): throws
+// amaq::Error (kInvalidArgument) naming the setting when a path is empty. LoadUserData checks it
+// first; --check_config checks it alone.
+void RequireUserDataFiles(const std::string& train_path, const std::string& validation_path);
+// The labels are numbered in order of first appearance in the training file, then validation.
 Dataset LoadUserData(const std::string& train_path, const std::string& validation_path);
 
 }  // namespace amaq
