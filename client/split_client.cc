@@ -518,12 +518,13 @@ int64_t SplitClient::LoadCheckpoint() {
   c10::IValue stored;
   const std::string run = archive.try_read("run", stored) ? stored.toStringRef() : "";  // absent before runs
   if (options_.fresh) {
-    spdlog::info("client {}: fresh: {} is not restored, and the next checkpoint replaces it", options_.client_id, path);
+    spdlog::info("client {}: fresh: {} is not restored, and is removed once the server has forgotten the run",
+                 options_.client_id, path);
     return 0;
   }
   if (!run.empty() && run != run_ && !options_.resume) {
     throw Error(ErrorCode::kFailedPrecondition, path + " holds another run of client " + options_.client_id + ": " +
-                                                    RunMismatch(run, run_) + "; or use another checkpoint_dir or client_id");
+                                                    RunMismatch(run, run_));
   }
   RequireFiniteArchive(archive, path);
   torch::NoGradGuard no_grad;
@@ -554,6 +555,13 @@ int64_t SplitClient::LoadCheckpoint() {
   spdlog::info("client {}: restored its checkpoint of step {}", options_.client_id, next.item<int64_t>());
   checkpointed_ = next.item<int64_t>();
   return checkpointed_;
+}
+
+void SplitClient::RemoveOldCheckpoint() {
+  const std::string path = options_.checkpoint_dir + "/" + options_.client_id + ".pt";
+  if (options_.checkpoint_dir.empty() || !options_.env->FileExists(path)) return;
+  options_.env->RemoveFile(path);
+  spdlog::info("client {}: fresh: removed {} (the run it held is discarded on both sides)", options_.client_id, path);
 }
 
 void SplitClient::StopNow() {
@@ -598,10 +606,12 @@ double SplitClient::Run() {
   // checkpoint are replayed for the client only, steps the client applied after the server's
   // checkpoint are replayed for the server only (TrainStep, SplitServer::Step).
   int64_t step = ResumeStep(RetryTransient("client " + options_.client_id, [this] { return Join(); }));
+  if (options_.fresh) RemoveOldCheckpoint();
   Progress progress("client " + options_.client_id, options_.steps);
   int refusals = 0;
   std::optional<InFlight> next;  // one-step-stale: the step begun while the one before it was in flight
   for (; step < options_.steps; ++step) {
+    if (StopRequested() && !next) StopNow();  // the step begun ahead (one step stale) finishes first
     StepRecord r;
     try {
       InFlight current = next ? std::move(*next) : Begin(step, false);
@@ -630,7 +640,6 @@ double SplitClient::Run() {
       ReportMetric(step + 1, *records_.back().metric);
     }
     if (options_.sync_every > 0 && (step + 1) % options_.sync_every == 0) SyncAdapters();
-    if (StopRequested() && !next) StopNow();  // the step begun ahead (one step stale) finishes first
     if ((step + 1) % options_.checkpoint_every == 0) {
       TrySaveCheckpoint(client_next_, client_next_ % options_.history_every == 0);
     }

@@ -206,6 +206,9 @@ class SplitClient {
   // on (that one is intact). Returns whether it was written.
   bool TrySaveCheckpoint(int64_t next_step, bool history);
   int64_t LoadCheckpoint();
+  // fresh: removes the checkpoint of the run the server has just discarded, so that a stop before
+  // this run's first checkpoint does not leave the old run to be continued.
+  void RemoveOldCheckpoint();
   // The step both halves continue at after a Join that found the server at `server_next`
   // (docs/reliability.md, "Crashes"). Throws amaq::Error (kFailedPrecondition) when the server
   // applied steps beyond this client's checkpoint whose answers it no longer keeps, unless

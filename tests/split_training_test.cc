@@ -2,7 +2,10 @@
 // through LocalTransport. The network is tested in tests/network_test.cc.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -878,6 +881,8 @@ TEST(SplitTraining, AqsgdCachesSurviveRestartsOfEitherSide) {
   client::ClientOptions co = ClientFor(dir, "aqsgd:4", 12);
   co.checkpoint_dir = testing::TempDir("aqsgd-restart-client");
   co.checkpoint_every = 4;
+  co.history_every = 4;         // the cache with every checkpoint
+  co.accept_divergence = true;  // the restarted client is 3 steps behind the server (below)
   {
     server::SplitServer server(so);  // checkpoints after step 9; steps 10 and 11 are lost with it
     inproc::LocalTransport transport(server);
@@ -943,8 +948,10 @@ TEST(SplitTraining, RunsNeverMixSilently) {
   EXPECT_NE(from_server.find("fresh: true"), std::string::npos) << from_server;
   EXPECT_EQ(server.Stats().at("client-0").steps, 3) << "the refusal left the stored run as it was";
   client::ClientOptions same_run = first;
-  same_run.checkpoint_dir = "";
   EXPECT_EQ(refusal(same_run), "no refusal") << "the same run continues automatically";
+  same_run.checkpoint_dir = "";  // the same run without its checkpoints: 3 steps behind the server
+  EXPECT_NE(refusal(same_run).find("keeps the answers to its last 2 steps only"), std::string::npos)
+      << "replaying them would train the client on answers of the server's newer weights";
 
   other.checkpoint_dir = first.checkpoint_dir;  // the client's own checkpoint refuses it before any Join
   const std::string from_checkpoint = refusal(other);
@@ -976,6 +983,21 @@ TEST(SplitTraining, RunsNeverMixSilently) {
   server_of_the_runs.reset();
   server::SplitServer restarted(so);  // fresh wrote the checkpoint without the discarded run
   EXPECT_EQ(restarted.Stats().count("client-0"), 0u);
+
+  // A fresh run of other settings stopped before its first step (issue 55 item 2): the next plain
+  // run continues it, not the run it discarded (before, the old checkpoint stayed and refused it).
+  inproc::LocalTransport restarted_transport(restarted);
+  client::ClientOptions seed9 = first;  // its checkpoint_dir holds the seed-8 run
+  seed9.seed = 9;
+  seed9.fresh = true;
+  std::atomic<int> stop{SIGINT};
+  seed9.stop = &stop;
+  EXPECT_THROW(client::SplitClient(seed9, data, restarted_transport).Run(), client::Interrupted);
+  seed9.fresh = false;
+  seed9.stop = nullptr;
+  client::SplitClient plain(seed9, data, restarted_transport);
+  EXPECT_NO_THROW(plain.Run());
+  EXPECT_EQ(plain.records().front().step, 0);
 }
 
 // An evicted session's AQ-SGD cache goes to its file with it and comes back with the Join: the

@@ -95,14 +95,15 @@ TEST_F(UserData, EachMistakeNamesTheFileTheLineAndTheFix) {
   // Issue 55 item 5: bytes that are not UTF-8 (accepted in CSV, "not a JSON object" in JSONL), a
   // misspelled header (reported at line 2), JSON's own reason.
   expect(ErrorOf(Write("latin1.csv", "text,label\ncaf\xe9,pos\n"), valid),
-         "latin1.csv:2: invalid UTF-8 byte at index 3: 0xE9: the file is not UTF-8");
+         "latin1.csv:2: byte 3 (0xE9) begins no valid UTF-8 character (");
   expect(ErrorOf(Write("latin1.jsonl", "{\"text\": \"caf\xe9\", \"label\": \"b\"}\n"), valid),
-         "latin1.jsonl:1: invalid UTF-8 byte at index 12: 0xE9: the file is not UTF-8");
+         "latin1.jsonl:1: byte 13 (0xE9) begins no valid UTF-8 character (");
+  expect(ErrorOf(Write("latin1-end.csv", "text,label\nhi,caf\xe9\n"), valid), "): the file is not UTF-8");
   expect(ErrorOf(Write("misspelled.csv", "txt,label\nhello,pos\n"), valid),
          "misspelled.csv:1: the header names the columns txt,label: name them text,label (classification) or "
          "prompt,completion");
   expect(ErrorOf(Write("comma.jsonl", "{\"text\": \"a\", \"label\": \"b\",}\n"), valid),
-         "comma.jsonl:1: not a JSON object (syntax error while parsing");
+         "comma.jsonl:1: not a JSON object (parse error at line 1, column 28: syntax error");
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/base/error.h"
+#include "common/text/utf8.h"
 
 namespace amaq {
 namespace {
@@ -29,17 +30,9 @@ std::string ReadFile(const std::string& path) {
 
 bool IsBlank(const std::string& s) { return s.find_first_not_of(" \t\r\n") == std::string::npos; }
 
-// Refuses text that is not UTF-8, naming its first bad byte (nlohmann's dump checks the encoding
-// and says "invalid UTF-8 byte at index 3: 0xE9").
-void RequireUtf8(const std::string& text, const std::string& where) {
-  try {
-    (void)nlohmann::json(text).dump();
-  } catch (const nlohmann::json::type_error& e) {
-    const std::string what = e.what();
-    throw Error(ErrorCode::kInvalidArgument, where + ": " + what.substr(what.find(']') + 2) +
-                                                 ": the file is not UTF-8 (a Latin-1 or Windows-1252 accent is such a "
-                                                 "byte): save it as UTF-8");
-  }
+// Refuses text that is not UTF-8, naming its first bad byte.
+void RequireUtf8Data(const std::string& text, const std::string& where) {
+  RequireUtf8(text, where, "the file is not UTF-8 (a Latin-1 or Windows-1252 accent is such a byte): save it as UTF-8");
 }
 
 bool HasColumns(const std::map<std::string, std::string>& f, const char* a, const char* b) {
@@ -60,7 +53,7 @@ void ReadJsonl(const std::string& path, const RecordSink& sink) {
   for (int number = 1; std::getline(in, line); ++number) {
     if (IsBlank(line)) continue;
     const std::string where = path + ":" + std::to_string(number);
-    RequireUtf8(line, where);
+    RequireUtf8Data(line, where);
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(line);
@@ -89,7 +82,7 @@ void ReadCsv(const std::string& path, const RecordSink& sink) {
   bool quoted = false, was_quoted = false;
   const auto end_record = [&] {
     const std::string where = path + ":" + std::to_string(record_line);
-    for (const std::string& field : fields) RequireUtf8(field, where);
+    for (const std::string& field : fields) RequireUtf8Data(field, where);
     if (header.empty()) {
       header = fields;
       std::map<std::string, std::string> named;
