@@ -77,6 +77,13 @@ class Programs(unittest.TestCase):
                 self.assertEqual(out.returncode, code, out.stdout + out.stderr)
                 self.assertIn(message, out.stdout + out.stderr)
 
+    def test_generate_quiet_prints_the_continuation_alone(self):
+        model = os.path.join(ROOT, "models", "amaq-base")
+        out = run("amaq-generate", "--model", model, "--prompt", "the", "--max_new_tokens", "2", "--quiet", "true")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(out.stderr, "", "quiet logs nothing but warnings and errors")
+        self.assertTrue(out.stdout.endswith("\n") and out.stdout.count("\n") >= 1, out.stdout)
+
     def test_check_config_refuses_a_file_task_without_its_files(self):
         for args, message in [((), "no training file: set train_file"),
                               (("--train_file", "t.jsonl"), "no validation file: set validation_file")]:

@@ -36,6 +36,7 @@ class Config {
   int64_t Int(const std::string& key) const;
   double Double(const std::string& key) const;
   bool Bool(const std::string& key) const;
+  bool Has(const std::string& key) const { return entries_.count(key) != 0; }
   std::vector<std::string> Strings(const std::string& key) const;
   // The effective settings as YAML (programs log it at start); a key named token or *_token
   // shows "(hidden)" in place of its value.

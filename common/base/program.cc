@@ -36,6 +36,10 @@ int RunProgram(Config& config, int argc, char** argv, const std::function<int(co
   try {
     if (!config.Parse(argc, argv)) return 0;
     spdlog::set_level(spdlog::level::from_str(config.String("log_level")));
+    // A program's quiet key (amaq-generate's) keeps its log to warnings and errors.
+    if (config.Has("quiet") && config.Bool("quiet") && spdlog::get_level() < spdlog::level::warn) {
+      spdlog::set_level(spdlog::level::warn);
+    }
     if (config.Bool("check_config")) {
       check(config);
       std::printf("%s: the configuration is valid\n", std::filesystem::path(argv[0]).filename().c_str());

@@ -47,7 +47,7 @@ Config GenerateConfig() {
   c.AddBool("chat", false, "the prompt is a user's message: answer it in the model's chat template (instruct models)");
   c.AddString("system", "", "with chat: the system message (default: the template's own, if it has one)");
   c.AddInt("threads", 0, "intra-op CPU threads (0: every core)", 0, 1024);
-  c.AddBool("quiet", false, "print the continuation only, once at the end (no streaming, no summary)");
+  c.AddBool("quiet", false, "print the continuation only, once at the end (no streaming, no summary, no settings: only warnings and errors are logged)");
   AddProgramKeys(c);
   return c;
 }
