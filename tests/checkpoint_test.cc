@@ -288,6 +288,21 @@ TEST(Peft, AdapterExportUsesPeftNamesAndReloads) {
   EXPECT_EQ(LoadPeftAdapter(merged, adapter), 32);
   const torch::Tensor ids = Ids(c);
   EXPECT_TRUE(torch::allclose(merged(ids, Mask()), server(client(ids, Mask()), Mask()), 1e-5, 1e-5));
+
+  // On a model of another shape, the refusal names the base the adapter's config gives (issue 55
+  // item 6: it said "the checkpoint and config.json disagree").
+  ModelConfig wider = c;
+  wider.hidden_size = 64;
+  wider.head_dim = 16;
+  ModelPart other(wider, PartSpec::Whole(wider));
+  other->AddLora(lora);
+  try {
+    LoadPeftAdapter(other, adapter);
+    ADD_FAILURE() << "an adapter of another model loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is an adapter of another model"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("names the base " + base + ": give that model"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

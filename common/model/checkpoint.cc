@@ -205,6 +205,17 @@ int LoadPeftAdapter(ModelPart& part, const std::string& dir) {
     const std::string key = kPeftPrefix + name;
     if (!file.Has(key)) continue;
     const std::vector<int64_t> shape = tensor.sizes().vec();
+    const std::vector<int64_t>& stored = file.Entry(key).shape;
+    if (stored != shape) {  // an adapter of another base model (or another rank than its config says)
+      std::ifstream in(Join(dir, "adapter_config.json"));
+      const nlohmann::json config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+      const std::string base = config.is_object() && config.value("base_model_name_or_path", nlohmann::json()).is_string()
+                                   ? config["base_model_name_or_path"].get<std::string>() : "(not named)";
+      throw Error(ErrorCode::kInvalidArgument,
+                  dir + " is an adapter of another model: its " + key + " has shape " + c10::str(c10::IntArrayRef(stored)) +
+                      " where this model needs " + c10::str(c10::IntArrayRef(shape)) + "; its adapter_config.json names the base " +
+                      base + ": give that model (--model)");
+    }
     tensor.copy_(file.Load(key, tensor.scalar_type(), &shape));
     ++loaded;
   }
