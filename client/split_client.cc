@@ -598,8 +598,8 @@ double SplitClient::Run() {
   if (!options_.checkpoint_dir.empty()) RequireWritableDirectory(options_.checkpoint_dir, "checkpoint_dir", options_.env);
   if (options_.one_step_stale && !options_.checkpoint_dir.empty() && options_.checkpoint_every == 1) {
     spdlog::warn("client {}: one_step_stale overlaps no step across a checkpoint, and checkpoint_every is 1: no step "
-                 "overlaps; set checkpoint_every (e.g. 50) to overlap them, at the cost of diverging halves after a "
-                 "kill (docs/reliability.md)", options_.client_id);
+                 "overlaps; set checkpoint_every (e.g. 50) to overlap them, at the cost of a restart after a kill "
+                 "being refused unless accept_divergence (docs/reliability.md)", options_.client_id);
   }
   client_next_ = LoadCheckpoint();
   // Resume at the earlier of the two sides: steps the server applied after this client's

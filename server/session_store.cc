@@ -329,8 +329,7 @@ void SessionStore::CheckpointIfDue() {
 void SessionStore::TryCheckpoint() {
   // A failed checkpoint between steps (disk full, folder gone) must not fail the step: the previous
   // checkpoint stays, the error is logged and counted, and the next step tries again. Checkpoint()
-  // (at shutdown) does throw.
-  // While checkpoints fail, the log says so once a minute, not at every step.
+  // (at shutdown) does throw. While checkpoints fail, the log says so once a minute, not every step.
   try {
     Checkpoint();
     if (checkpoints_failing_) spdlog::info("checkpoints are written again, after {} failed", checkpoint_failures_.load());
