@@ -122,13 +122,24 @@ void SaveLoraAsPeftAdapter(const NamedTensors& lora_weights, const LoraConfig& l
   WriteFileAtomically(Join(dir, "adapter_config.json"), config.dump(2) + "\n");
 }
 
-LoraConfig ReadPeftAdapterConfig(const std::string& dir) {
+namespace {
+
+// DIR/adapter_config.json, checked to be a JSON object.
+nlohmann::json ReadAdapterConfigJson(const std::string& dir) {
   const std::string path = Join(dir, "adapter_config.json");
   Require(std::filesystem::exists(path), ErrorCode::kNotFound,
           path + " not found: give the directory of a PEFT adapter (adapter_config.json + adapter_model.safetensors)");
   std::ifstream in(path);
-  const nlohmann::json json = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  nlohmann::json json = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
   Require(json.is_object(), ErrorCode::kDataLoss, path + " is not a JSON object: export the adapter again");
+  return json;
+}
+
+}  // namespace
+
+LoraConfig ReadPeftAdapterConfig(const std::string& dir) {
+  const std::string path = Join(dir, "adapter_config.json");
+  const nlohmann::json json = ReadAdapterConfigJson(dir);
   LoraConfig lora;
   try {
     Require(json.value("peft_type", "LORA") == "LORA", ErrorCode::kInvalidArgument,
@@ -207,9 +218,8 @@ int LoadPeftAdapter(ModelPart& part, const std::string& dir) {
     const std::vector<int64_t> shape = tensor.sizes().vec();
     const std::vector<int64_t>& stored = file.Entry(key).shape;
     if (stored != shape) {  // an adapter of another base model (or another rank than its config says)
-      std::ifstream in(Join(dir, "adapter_config.json"));
-      const nlohmann::json config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-      const std::string base = config.is_object() && config.value("base_model_name_or_path", nlohmann::json()).is_string()
+      const nlohmann::json config = ReadAdapterConfigJson(dir);
+      const std::string base = config.value("base_model_name_or_path", nlohmann::json()).is_string()
                                    ? config["base_model_name_or_path"].get<std::string>() : "(not named)";
       throw Error(ErrorCode::kInvalidArgument,
                   dir + " is an adapter of another model: its " + key + " has shape " + c10::str(c10::IntArrayRef(stored)) +
