@@ -188,7 +188,7 @@ int64_t GrpcTransport::Join(const JoinInfo& info) {
   return reply.last_applied_step();
 }
 
-Error GrpcTransport::JoinError(const grpc::Status& failed) {
+grpc::Status GrpcTransport::NamedAsGiven(const grpc::Status& failed) const {
   // gRPC names the local byte meter it connects through; the user gave options_.server.
   std::string text = failed.error_message();
   if (relay_) {
@@ -197,7 +197,15 @@ Error GrpcTransport::JoinError(const grpc::Status& failed) {
       text.replace(at, meter.size(), options_.server);
     }
   }
-  const grpc::Status status(failed.error_code(), text);
+  return grpc::Status(failed.error_code(), text, failed.error_details());
+}
+
+Error GrpcTransport::ServerError(const grpc::Status& failed, const std::string& what) const {
+  return ToError(NamedAsGiven(failed), what);
+}
+
+Error GrpcTransport::JoinError(const grpc::Status& failed) {
+  const grpc::Status status = NamedAsGiven(failed);
   if (std::optional<Error> fault = PermanentTlsFault(status, options_.server, tls_name_)) return *fault;
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE && !joined_ && !options_.insecure && options_.tls.cert.empty() &&
       RequestsClientCertificate(host_, port_, tls_name_, 3)) {
@@ -244,7 +252,7 @@ StepResult GrpcTransport::Receive() {
       return Error(ErrorCode::kUnavailable, what + ": no answer within call_timeout_seconds (" +
                                                 std::to_string(options_.call_timeout_seconds) + " s): the link stalled");
     }
-    return status.ok() ? Error(ErrorCode::kUnavailable, what + ": the server closed the stream") : ToError(status, what);
+    return status.ok() ? Error(ErrorCode::kUnavailable, what + ": the server closed the stream") : ServerError(status, what);
   };
   StepResult result;
   StepReply reply;
@@ -276,7 +284,7 @@ void GrpcTransport::Unary(const std::string& what, const Request& request, Reply
   grpc::ClientContext context;
   AuthorizeCall(&context);
   const grpc::Status status = rpc(&context);
-  if (!status.ok()) throw ToError(status, what);
+  if (!status.ok()) throw ServerError(status, what);
   message_up_ += FramedBytes(request);
   message_down_ += FramedBytes(*reply);
 }
@@ -307,7 +315,7 @@ ServerAdapterInfo GrpcTransport::FetchAdapter() {
     }
   }
   const grpc::Status status = reader->Finish();
-  if (!status.ok()) throw ToError(status, "fetching the server's adapter");
+  if (!status.ok()) throw ServerError(status, "fetching the server's adapter");
   Require(parts > 0, ErrorCode::kDataLoss, "the server's adapter came without a part: the server is faulty; report it");
   message_up_ += FramedBytes(request);
   return info;

@@ -60,6 +60,10 @@ class GrpcTransport : public Transport {
  private:
   void Authorize(grpc::ClientContext* context) const;
   void AuthorizeCall(grpc::ClientContext* context) const;  // a unary call: also its deadline
+  // `failed` with the local byte meter in gRPC's text replaced by the server as given (the
+  // meter's loopback address means nothing to a user); ServerError: that as amaq::Error naming `what`.
+  grpc::Status NamedAsGiven(const grpc::Status& failed) const;
+  Error ServerError(const grpc::Status& failed, const std::string& what) const;
   // The error a failed Join raises: a permanent TLS fault, a port nothing listens on, or the
   // status, each naming the server as given (client/connection_faults.h).
   Error JoinError(const grpc::Status& failed);

@@ -3,12 +3,12 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
-#include <filesystem>
 #include <numeric>
 #include <sstream>
 #include <thread>
 
 #include "client/adapter_export.h"
+#include "client/run_csv.h"
 #include "client/run_identity.h"
 #include "common/base/atomic_file.h"
 #include "common/model/archive_check.h"
@@ -76,6 +76,7 @@ SplitClient::SplitClient(ClientOptions options, Dataset data, Transport& transpo
           "merged_out is set but adapter_out is not: set adapter_out too (the merged model is built from the adapter)");
   tokenizer_ = Tokenizer::Load(options_.model_dir, ParseSpecialTokens(options_.special_tokens));
   encoder_ = std::make_unique<ExampleEncoder>(*tokenizer_, config_.bos_token_id, config_.eos_token_id, options_.max_tokens);
+  WarnOfCutExamples();
   torch::manual_seed(options_.seed);
   const BaseWeights base_weights = ParseBaseWeights(options_.base_weights);
   part_ = ModelPart(config_, PartSpec::Client(options_.cut_layer), base_weights);
@@ -99,23 +100,29 @@ SplitClient::SplitClient(ClientOptions options, Dataset data, Transport& transpo
           "resume and fresh are both set: resume continues the stored run, fresh discards it; set one");
   run_ = RunIdentity(options_, fingerprint_, method_->ToString(), data_);
   run_start_ = options_.fresh ? RunStart::kFresh : options_.resume ? RunStart::kResume : RunStart::kContinue;
-  if (!options_.csv_path.empty()) {
-    const bool fresh = !std::filesystem::exists(options_.csv_path) || std::filesystem::file_size(options_.csv_path) == 0;
-    const std::filesystem::path folder = std::filesystem::path(options_.csv_path).parent_path();
-    std::error_code ec;
-    if (!folder.empty()) std::filesystem::create_directories(folder, ec);
-    csv_.open(options_.csv_path, std::ios::app);
-    Require(csv_.good(), ErrorCode::kFailedPrecondition,
-            options_.csv_path + ": cannot write the run's CSV" + (ec ? " (" + ec.message() + ")" : "") +
-                ": check that its folder is writable, or set csv to another path");
-    if (fresh) {
-      csv_ << "client,method,step,wire_up_bytes,wire_down_bytes,up_payload_bytes,up_metadata_bytes,"
-              "down_payload_bytes,down_metadata_bytes,loss,average_bits,metric,seconds,applied\n";
-    }
-  }
+  if (!options_.csv_path.empty()) csv_ = std::make_unique<RunCsv>(options_.csv_path);
 }
 
 SplitClient::~SplitClient() = default;
+
+void SplitClient::WarnOfCutExamples() const {
+  size_t cut = 0, longest = 0;
+  for (const Example& e : data_.train) {
+    // A token covers at least one byte, the space between prompt and completion included, and a
+    // tokenizer may add one before the text: shorter examples need no tokenizing to be known whole.
+    if (e.prompt.size() + e.completion.size() + 5 <= static_cast<size_t>(options_.max_tokens)) continue;
+    const ExampleEncoder::Pair pair = encoder_->Encode(e.prompt, e.completion);
+    const size_t tokens = pair.prompt.size() + pair.completion.size() + 2;  // BOS and EOS around them
+    if (tokens > static_cast<size_t>(options_.max_tokens)) {
+      ++cut;
+      longest = std::max(longest, tokens);
+    }
+  }
+  if (cut == 0) return;
+  spdlog::warn("client {}: {} of {} training examples are longer than max_tokens ({}; the longest has {} tokens with BOS "
+               "and EOS): each trains on its last {} tokens, the beginning of its prompt cut; raise max_tokens to keep "
+               "them whole", options_.client_id, cut, data_.train.size(), options_.max_tokens, longest, options_.max_tokens);
+}
 
 int64_t SplitClient::Join() {
   const int64_t last =
@@ -443,13 +450,7 @@ std::vector<uint8_t> SplitClient::GateBits() const { return codec_->GateBits(); 
 double SplitClient::average_bits() const { return records_.empty() ? 0 : records_.back().average_bits; }
 
 void SplitClient::WriteCsv(const StepRecord& r) {
-  if (!csv_.is_open()) return;
-  // The CSV counts steps done (as evaluations, progress and the live view do): step id + 1.
-  csv_ << options_.client_id << ',' << method_->ToString() << ',' << r.step + 1 << ',' << r.wire_up << ',' << r.wire_down << ','
-       << r.up.payload << ',' << r.up.metadata << ',' << r.down.payload << ',' << r.down.metadata << ',' << r.loss << ','
-       << r.average_bits << ',' << (r.metric ? std::to_string(*r.metric) : "") << ',' << r.seconds << ','
-       << (r.applied ? 1 : 0) << '\n';
-  csv_.flush();
+  if (csv_) csv_->Write(options_.client_id, method_->ToString(), r);
 }
 
 namespace {
@@ -607,6 +608,7 @@ double SplitClient::Run() {
   // checkpoint are replayed for the server only (TrainStep, SplitServer::Step).
   int64_t step = ResumeStep(RetryTransient("client " + options_.client_id, [this] { return Join(); }));
   if (options_.fresh) RemoveOldCheckpoint();
+  if (csv_) csv_->StartAt(step);
   Progress progress("client " + options_.client_id, options_.steps);
   int refusals = 0;
   std::optional<InFlight> next;  // one-step-stale: the step begun while the one before it was in flight

@@ -30,7 +30,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -48,6 +47,8 @@
 #include "quant/method.h"
 
 namespace amaq::client {
+
+class RunCsv;
 
 // The defaults here are amaq-client's (client/client_config.cc declares the keys that set them).
 struct ClientOptions {
@@ -197,6 +198,9 @@ class SplitClient {
   // logged, not thrown.
   void ReportMetric(int64_t steps_done, double metric);
   void WriteCsv(const StepRecord& r);
+  // Logs a warning with how many training examples exceed max_tokens (MakeBatch cuts their
+  // prompts' beginnings), none when every one fits.
+  void WarnOfCutExamples() const;
   // predictions_path: each evaluated example's index, expected and predicted answer, and whether
   // they agree (written whole, atomically).
   void WritePredictions(const std::vector<std::string>& predicted);
@@ -234,7 +238,7 @@ class SplitClient {
   int64_t checkpointed_ = -1;  // the steps done of the last checkpoint written (-1: none this run)
   RunStart run_start_;       // the first Join's (options' resume or fresh); kContinue after it
   std::vector<StepRecord> records_;
-  std::ofstream csv_;
+  std::unique_ptr<RunCsv> csv_;  // null: no csv
   CutStatistics* cut_statistics_ = nullptr;
   int64_t client_next_ = 0;  // the first step whose update the client's weights do not hold
   // One step stale: what the last optimizer step added to each LoRA weight (empty before the

@@ -43,6 +43,19 @@ nlohmann::json MetricsJson(const std::vector<RunHistory::MetricPoint>& metrics) 
   return {{"step", step}, {"seconds", seconds}, {"value", value}};
 }
 
+// A run's curves and what it was, as /api/status gives each (docs/deploy.md, "The live view").
+nlohmann::json RunJson(const RunHistory::Run& run) {
+  nlohmann::json widths = nlohmann::json::object();
+  for (const auto& [bits, share] : run.width_shares) widths[std::to_string(bits)] = share;
+  return {{"run", run.identity},
+          {"run_started_seconds", run.started},
+          {"steps_per_second", StepsPerSecond(run.steps)},
+          {"width_shares", widths},
+          {"metric_name", run.metric_name},
+          {"curve", CurveJson(run.steps)},
+          {"metrics", MetricsJson(run.metrics)}};
+}
+
 }  // namespace
 
 std::string LiveStatusJson(const SplitTrainingService& service, double uptime_seconds, const Viewer& viewer) {
@@ -56,22 +69,20 @@ std::string LiveStatusJson(const SplitTrainingService& service, double uptime_se
     const auto t = traffic.find(id);
     const auto h = history.find(id);
     const RunHistory::Client empty;
-    const RunHistory::Client& run = h == history.end() ? empty : h->second;
-    nlohmann::json widths = nlohmann::json::object();
-    for (const auto& [bits, share] : run.width_shares) widths[std::to_string(bits)] = share;
-    clients.push_back({{"id", id},
-                       {"method", s.method},
-                       {"connected", t != traffic.end() && t->second.connected},
-                       {"steps", s.steps},
-                       {"last_loss", s.last_loss},
-                       {"average_bits", s.average_bits},
-                       {"bytes_up", t == traffic.end() ? 0 : t->second.bytes_up},
-                       {"bytes_down", t == traffic.end() ? 0 : t->second.bytes_down},
-                       {"steps_per_second", StepsPerSecond(run.steps)},
-                       {"width_shares", widths},
-                       {"metric_name", run.metric_name},
-                       {"curve", CurveJson(run.steps)},
-                       {"metrics", MetricsJson(run.metrics)}});
+    const RunHistory::Client& runs = h == history.end() ? empty : h->second;
+    nlohmann::json client = RunJson(runs.run);  // the current run's, beside the session's counters
+    client.update(nlohmann::json{{"id", id},
+                                 {"method", s.method},
+                                 {"connected", t != traffic.end() && t->second.connected},
+                                 {"steps", s.steps},
+                                 {"last_loss", s.last_loss},
+                                 {"average_bits", s.average_bits},
+                                 {"bytes_up", t == traffic.end() ? 0 : t->second.bytes_up},
+                                 {"bytes_down", t == traffic.end() ? 0 : t->second.bytes_down}});
+    nlohmann::json earlier = nlohmann::json::array();
+    for (auto r = runs.earlier.rbegin(); r != runs.earlier.rend(); ++r) earlier.push_back(RunJson(*r));  // newest first
+    client["earlier_runs"] = earlier;
+    clients.push_back(client);
   }
   const nlohmann::json status = {{"server_id", service.options().server_id},
                                  {"device", server.device()},

@@ -174,7 +174,8 @@ int64_t SessionStore::JoinLocked(const std::string& client_id, const quant::Meth
   s.codec->Reset();  // a (re)joining client starts fresh codec streams; AQ-SGD caches survive
   s.decode_cache.reset();
   PublishLocked(s);
-  spdlog::info("client {} joined: method {}, last applied step {}", client_id, s.method_text, s.last_applied);
+  // Counted as the client counts (steps done), not by the last step's id, which is one less.
+  spdlog::info("client {} joined: method {}, {} steps applied", client_id, s.method_text, s.last_applied + 1);
   return s.last_applied;
 }
 

@@ -104,12 +104,16 @@ int64_t SplitServer::Join(const std::string& client_id, const std::string& finge
   Require(run.size() <= 1024, ErrorCode::kInvalidArgument,
           "a run of " + std::to_string(run.size()) + " bytes: at most 1024 (docs/protocol.md, \"Runs\")");
   const std::unique_ptr<quant::Method> parsed = quant::Method::Parse(method);
-  if (start != RunStart::kFresh) {
-    if (const std::optional<int64_t> last = store_->JoinAbsent(client_id, *parsed, run, start)) return *last;
-  }
-  std::lock_guard<std::mutex> step(step_mutex_);
-  if (start == RunStart::kFresh) store_->Forget(client_id);
-  return store_->Join(client_id, *parsed, run, start);
+  const int64_t last = [&] {
+    if (start != RunStart::kFresh) {
+      if (const std::optional<int64_t> absent = store_->JoinAbsent(client_id, *parsed, run, start)) return *absent;
+    }
+    std::lock_guard<std::mutex> step(step_mutex_);
+    if (start == RunStart::kFresh) store_->Forget(client_id);
+    return store_->Join(client_id, *parsed, run, start);
+  }();
+  history_.RecordJoin(client_id, run, last + 1, std::chrono::duration<double>(Clock::now() - started_).count());
+  return last;
 }
 
 struct SplitServer::Admitted {

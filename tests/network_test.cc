@@ -430,6 +430,27 @@ TEST_F(Network, PermanentConnectionFaultsFailFastNamingTheCause) {
   EXPECT_EQ(JoinError(with_certificate, "client-1", fp), ErrorCode::kInternal) << "the right settings join";
 }
 
+// Issue 55 item 6: a call that fails while the server is down (fetching its adapter after a
+// restart) names the server as the user gave it, not the local byte meter's loopback address.
+TEST_F(Network, ACallWhileTheServerIsDownNamesTheServerGiven) {
+  StartServer();
+  const client::GrpcOptions g = ClientTransport(kToken1, port_);
+  client::GrpcTransport transport(g);
+  transport.Join(JoinInfo{"client-1", ModelFingerprint(*model_, 2), 2, "bf16"});
+  StopServer();
+  try {
+    transport.FetchAdapter();
+    ADD_FAILURE() << "fetched an adapter from a server that is down";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(e.code(), ErrorCode::kUnavailable) << m;
+    EXPECT_NE(m.find("fetching the server's adapter"), std::string::npos) << m;
+    EXPECT_NE(m.find(g.server), std::string::npos) << "names the server given: " << m;
+    EXPECT_EQ(m.find("127.0.0.1:" + std::to_string(transport.relay()->port())), std::string::npos)
+        << "not the byte meter's address: " << m;
+  }
+}
+
 // A client started before its server (or while it restarts) keeps trying to join for
 // retry_seconds instead of failing at once.
 TEST_F(Network, ClientWaitsForAServerThatIsNotUpYet) {

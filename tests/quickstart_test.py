@@ -127,6 +127,18 @@ class Quickstart(unittest.TestCase):
             self.assertNotIn("restored its checkpoint", fresh.stdout + fresh.stderr)
             server.send_signal(signal.SIGTERM)
             self.assertEqual(server.wait(timeout=60), 0, read(log.name))
+        # One CSV, two runs told apart by its run column: the interrupted run continued under one
+        # label, the fresh run under another; scripts/report on the folder reports the fresh one.
+        runs = [line.rsplit(",", 1)[1] for line in read(csv).splitlines()[1:]]
+        self.assertEqual(len(set(runs)), 2, runs)
+        self.assertEqual(runs.count(runs[-1]), 40 + 1, "the fresh run: 40 steps and its evaluation")
+        report = subprocess.run([os.path.join(ROOT, "scripts", "report"), os.path.join(self.work, "interrupted")],
+                                capture_output=True, text=True)
+        self.assertEqual(report.returncode, 0, report.stderr)
+        row = next(line for line in report.stdout.splitlines() if line.startswith("| amaq"))
+        self.assertEqual(row.split("|")[2].strip(), "40", row)
+        self.assertIn(os.path.join("client-1", "adapter"), row)
+        self.assertIn("1 earlier run(s)", read(os.path.join(self.work, "interrupted", "report.md")))
 
     def test_help_helps_and_an_option_for_the_folder_is_refused(self):
         for script in ("quickstart", "demo"):

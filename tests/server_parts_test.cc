@@ -194,7 +194,7 @@ TEST(RunHistoryTest, CurvesStayBoundedAndSpanTheRun) {
     history.RecordStep("a", {step, 0.1 * static_cast<double>(step), 1.0, 3.0, 0, 0}, {{3, 1.0}});
   }
   history.RecordStep("a", {5000, 500, 1.0, 4.0, 0, 0}, {});  // no widths known: the last ones stay
-  const RunHistory::Client a = history.Snapshot().at("a");
+  const RunHistory::Run a = history.Snapshot().at("a").run;
   ASSERT_LT(a.steps.size(), RunHistory::kMaxPoints);
   EXPECT_GT(a.steps.size(), RunHistory::kMaxPoints / 2 - 2);
   EXPECT_EQ(a.steps.front().step, 0);
@@ -203,10 +203,39 @@ TEST(RunHistoryTest, CurvesStayBoundedAndSpanTheRun) {
   EXPECT_EQ(a.width_shares, (std::map<int, double>{{3, 1.0}}));
   history.RecordMetric("a", {10, 1, 0.5}, "accuracy");
   history.RecordMetric("a", {20, 2, 0.6}, "accuracy");
-  EXPECT_EQ(history.Snapshot().at("a").metrics.size(), 2u);
+  EXPECT_EQ(history.Snapshot().at("a").run.metrics.size(), 2u);
   history.RecordMetric("a", {30, 3, 0.1}, "exact_match");
-  EXPECT_EQ(history.Snapshot().at("a").metrics.size(), 1u);
+  EXPECT_EQ(history.Snapshot().at("a").run.metrics.size(), 1u);
   EXPECT_EQ(history.Snapshot().count("b"), 0u);
+}
+
+// Issue 55 item 2: a Join at step 0 after steps begins a new run, the one before kept apart (the
+// newest kEarlierRunsKept); a Join past step 0 (a restart), or at 0 before any step (a rejoin
+// after a refused first step), continues the run.
+TEST(RunHistoryTest, AJoinAtStepZeroAfterStepsBeginsANewRun) {
+  RunHistory history;
+  history.RecordJoin("a", "seed=1", 0, 1.0);
+  history.RecordJoin("a", "seed=1", 0, 2.0);  // nothing recorded yet: the same run
+  history.RecordStep("a", {1, 3, 2.0, 4, 0, 0}, {});
+  history.RecordJoin("a", "seed=1 resumed", 1, 4.0);
+  history.RecordStep("a", {2, 5, 1.5, 4, 0, 0}, {});
+  RunHistory::Client a = history.Snapshot().at("a");
+  EXPECT_TRUE(a.earlier.empty());
+  EXPECT_EQ(a.run.steps.size(), 2u);
+  EXPECT_EQ(a.run.started, 1.0);
+  EXPECT_EQ(a.run.identity, "seed=1 resumed");
+  for (int run = 2; run <= 2 + static_cast<int>(RunHistory::kEarlierRunsKept); ++run) {
+    history.RecordJoin("a", "seed=" + std::to_string(run), 0, 10.0 * run);  // --fresh
+    history.RecordMetric("a", {0, 10.0 * run, 0.1 * run}, "accuracy");
+  }
+  a = history.Snapshot().at("a");
+  EXPECT_EQ(a.run.identity, "seed=6");
+  EXPECT_TRUE(a.run.steps.empty());
+  ASSERT_EQ(a.run.metrics.size(), 1u);
+  ASSERT_EQ(a.earlier.size(), RunHistory::kEarlierRunsKept);
+  EXPECT_EQ(a.earlier.front().identity, "seed=2") << "the oldest (seed=1 resumed) dropped";
+  EXPECT_EQ(a.earlier.back().identity, "seed=5");
+  EXPECT_EQ(a.earlier.back().started, 50.0);
 }
 
 // Issue 41 item 4: one Byzantine client within the value bounds (an upload of all 1e4) moved a

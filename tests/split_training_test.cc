@@ -9,12 +9,14 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 
 #include <torch/torch.h>
 
 #include "inproc/local_transport.h"
+#include "client/run_csv.h"
 #include "client/split_client.h"
 #include "common/base/error.h"
 #include "common/model/finetune.h"
@@ -913,6 +915,56 @@ TEST(SplitTraining, AqsgdCachesSurviveRestartsOfEitherSide) {
   }
   for (int64_t step = 19; step < 24; ++step) EXPECT_EQ(bits.at(step), 4) << "step " << step;
   EXPECT_EQ(restarted.Stats().at("client-0").steps, 24) << "each step applied once";
+}
+
+// The runs of a CSV's rows, in the file's order: its last column (client/run_csv.h).
+std::vector<std::string> CsvRuns(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  EXPECT_EQ(line, client::RunCsv::kHeader);
+  std::vector<std::string> runs;
+  while (std::getline(in, line)) runs.push_back(line.substr(line.rfind(',') + 1));
+  return runs;
+}
+
+// Issue 55 item 2: every run appended to one CSV is told apart by its run column: a restart that
+// continues the run keeps its label, a --fresh run gets a new one; a CSV of an older amaq (no run
+// column) is refused before anything is written to it.
+TEST(SplitTraining, EachRunOfACsvHasItsOwnLabel) {
+  const std::string dir = testing::TinyModelDir("csv-runs");
+  const Dataset data = testing::ParityDataset(32);
+  server::SplitServer server(ServerFor(dir));
+  inproc::LocalTransport transport(server);
+  client::ClientOptions o = ClientFor(dir, "fp32", 2);
+  o.checkpoint_dir = testing::TempDir("csv-runs-client");
+  o.csv_path = testing::TempDir("csv-runs-csv") + "/runs/client-0.csv";  // its folder is made
+  client::SplitClient(o, data, transport).Run();
+  o.steps = 3;  // the same run, one step more
+  client::SplitClient(o, data, transport).Run();
+  o.fresh = true;
+  client::SplitClient(o, data, transport).Run();
+  const std::vector<std::string> runs = CsvRuns(o.csv_path);
+  ASSERT_EQ(runs.size(), 3u + 2u + 4u) << "2 steps and an evaluation, 1 step and one, 3 steps and one";
+  EXPECT_EQ(runs[0].size(), std::string("2026-12-07T02:40:26.123Z").size()) << runs[0];
+  EXPECT_TRUE(std::all_of(runs.begin(), runs.begin() + 5, [&](const std::string& r) { return r == runs[0]; }))
+      << "the continued run keeps its label";
+  EXPECT_NE(runs[5], runs[0]) << "the fresh run is another";
+  EXPECT_TRUE(std::all_of(runs.begin() + 5, runs.end(), [&](const std::string& r) { return r == runs[5]; }));
+
+  const std::string old = testing::TempDir("csv-runs-old") + "/client-0.csv";
+  std::ofstream(old) << "client,method,step,wire_up_bytes,wire_down_bytes,up_payload_bytes,up_metadata_bytes,"
+                        "down_payload_bytes,down_metadata_bytes,loss,average_bits,metric,seconds,applied\n"
+                        "client-0,fp32,1,10,10,0,0,0,0,1.0,32,,0.1,1\n";
+  o.csv_path = old;
+  try {
+    client::SplitClient(o, data, transport);
+    ADD_FAILURE() << "an older amaq's CSV was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kFailedPrecondition);
+    EXPECT_NE(std::string(e.what()).find("without the run column"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(std::filesystem::file_size(old), 208u) << "nothing was appended to it";
 }
 
 // A new run under a client_id the server (or checkpoint_dir) holds another run of is refused, with
