@@ -363,6 +363,7 @@ grpc::Status SplitTrainingService::Authenticate(const grpc::CallbackServerContex
                         "the client certificate (" + Excerpt(identities.front()) + ") is not issued to client '" +
                             Excerpt(caller->client) + "': use the certificate whose common name is the client id");
   }
+  if (options_.authenticated_peer) options_.authenticated_peer(context->peer());
   return grpc::Status::OK;
 }
 

@@ -46,6 +46,9 @@ struct ServiceOptions {
   // certificate behind a call's peer address (gRPC's peer(), e.g. "unix:/..."). Set, a call whose
   // peer has none is refused. Unset: only gRPC's own TLS authenticates certificates.
   std::function<std::vector<std::string>(const std::string& peer)> certificate_names_of;
+  // Told the peer (gRPC's peer()) of each call that passed Authenticate: the front door then keeps
+  // that connection's slot (an unauthenticated one is evicted for newcomers). Unset: not told.
+  std::function<void(const std::string& peer)> authenticated_peer;
 };
 
 // A step stream the service watches for stalls (the Steps reactor).

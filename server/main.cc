@@ -99,6 +99,10 @@ int Run(const Config& c) {
                                              : std::vector<std::string>{};
     };
   }
+  service_options.authenticated_peer = [&front_door](const std::string& peer) {
+    const std::string unix_prefix = "unix:";
+    if (front_door && peer.rfind(unix_prefix, 0) == 0) front_door->MarkAuthenticated(peer.substr(unix_prefix.size()));
+  };
   server::SplitTrainingService service(split, tokens, service_options);
 
   const uint64_t open_files = RaiseOpenFilesLimit();
@@ -109,6 +113,7 @@ int Run(const Config& c) {
   LinkOptions front;
   front.max_connections = static_cast<int>(std::min<int64_t>(c.Int("max_connections"), connection_room));
   front.max_connections_per_address = static_cast<int>(c.Int("max_connections_per_address"));
+  front.unauthenticated_seconds = c.Double("unauthenticated_seconds");
   front.close_with_upstream = true;  // gRPC gave up on it (handshake timeout, idle): the slot is free
   if (!c.Bool("insecure")) front.tls = tls;
   front.stream_frames_per_second = c.Double("stream_frames_per_second");

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <list>
 #include <optional>
 #include <thread>
@@ -32,10 +33,8 @@ struct MetricsHttp::Impl {
   std::map<std::string, HttpPage> pages;
   std::function<bool()> ready;
   class Session;
-  // The connections being served, oldest first, and how many come from each address; they outlive
-  // `io`, whose handlers own the sessions.
+  // The connections being served, oldest first; they outlive `io`, whose handlers own the sessions.
   std::list<std::weak_ptr<Session>> sessions;
-  std::map<asio::ip::address, int> per_address;
   std::shared_ptr<asio::ssl::context> tls;  // set: every connection speaks HTTPS
   asio::io_context io;
   tcp::acceptor acceptor{io};
@@ -57,12 +56,8 @@ struct MetricsHttp::Impl {
   class Session : public std::enable_shared_from_this<Session> {
    public:
     Session(tcp::socket socket, asio::ip::address peer, Impl& impl)
-        : stream_(Stream(std::move(socket), impl)), peer_(std::move(peer)), impl_(impl) {
-      ++impl_.per_address[peer_];
-    }
-    ~Session() {
-      if (--impl_.per_address[peer_] == 0) impl_.per_address.erase(peer_);
-    }
+        : stream_(Stream(std::move(socket), impl)), peer_(std::move(peer)), impl_(impl) {}
+    const asio::ip::address& peer() const { return peer_; }
     bool answering() const { return answering_; }
     void Close() {
       beast::error_code ignored;
@@ -168,24 +163,39 @@ struct MetricsHttp::Impl {
     http::response<http::string_body> response_;
   };
 
-  // Serves `socket` unless its address holds max_connections_per_address already (then it is
-  // closed as it goes out of scope); when max_connections are open, the oldest still sending its
-  // request is closed to make room.
+  // Closes the oldest connection `among` accepts that is still sending its request; whether there
+  // was one.
+  bool CloseOldestWaiting(const std::function<bool(const Session&)>& among) {
+    const auto oldest = std::find_if(sessions.begin(), sessions.end(), [&](const std::weak_ptr<Session>& s) {
+      const auto session = s.lock();
+      return session && !session->answering() && among(*session);
+    });
+    if (oldest == sessions.end()) return false;
+    oldest->lock()->Close();
+    sessions.erase(oldest);
+    return true;
+  }
+
+  // Serves `socket`. When its address holds max_connections_per_address already, that address's
+  // oldest connection still sending its request is closed to make room (one address cannot lock
+  // itself out); when max_connections are open, the oldest of any address. With none to close,
+  // `socket` is closed as it goes out of scope.
   void Admit(tcp::socket socket) {
     boost::system::error_code ec;
     const asio::ip::address peer = socket.remote_endpoint(ec).address();
     if (ec) return;
-    const auto from_peer = per_address.find(peer);
-    if (from_peer != per_address.end() && from_peer->second >= options.max_connections_per_address) return;
     sessions.remove_if([](const std::weak_ptr<Session>& s) { return s.expired(); });
-    if (sessions.size() >= static_cast<size_t>(options.max_connections)) {
-      const auto oldest_waiting = std::find_if(sessions.begin(), sessions.end(), [](const std::weak_ptr<Session>& s) {
-        const auto session = s.lock();
-        return session && !session->answering();
-      });
-      if (oldest_waiting == sessions.end()) return;  // every one is being answered: it ends soon
-      oldest_waiting->lock()->Close();
-      sessions.erase(oldest_waiting);
+    const auto from_peer = std::count_if(sessions.begin(), sessions.end(), [&](const std::weak_ptr<Session>& s) {
+      const auto session = s.lock();
+      return session && session->peer() == peer;
+    });
+    if (from_peer >= options.max_connections_per_address &&
+        !CloseOldestWaiting([&](const Session& s) { return s.peer() == peer; })) {
+      return;
+    }
+    if (sessions.size() >= static_cast<size_t>(options.max_connections) &&
+        !CloseOldestWaiting([](const Session&) { return true; })) {
+      return;  // every one is being answered: it ends soon
     }
     auto session = std::make_shared<Session>(std::move(socket), peer, *this);
     sessions.push_back(session);

@@ -7,9 +7,10 @@
 //
 // It is built for an untrusted network: connections are served concurrently (asynchronously, on
 // the one thread), each must send its request and take the answer within `timeout_seconds`, at most
-// `max_connections` are open at once and `max_connections_per_address` from one address (more are
-// closed at once); when all are taken, the oldest one still sending its request is closed for the
-// newcomer, so slow peers cannot keep the probes out. Requests are bounded in size. With a
+// `max_connections` are open at once and `max_connections_per_address` from one address; over
+// either, the oldest one still sending its request (of the newcomer's address, for the second) is
+// closed for the newcomer, else the newcomer is, so slow peers cannot keep the probes out, not even
+// from the prober's own address. Requests are bounded in size. With a
 // certificate it speaks HTTPS only (a plain-text request is dropped at the handshake). The pages list
 // client ids and training progress: with a `token` only "Authorization: Bearer <token>" gets them
 // (401 otherwise); without one they are refused (403) unless `open_pages` says to serve them to

@@ -91,11 +91,17 @@ Config ServerConfig() {
   Config c("amaq-server");
   c.AddString("listen", "0.0.0.0:50051", "address and port to serve gRPC on (port 0: any free port)");
   c.AddInt("max_connections", 1024,
-           "client connections open at once (capped by the open-files limit); a newcomer closes the oldest one that has not "
-           "finished its TLS greeting, else it is closed",
+           "client connections open at once (capped by the open-files limit); a newcomer closes the oldest idle one (no "
+           "TLS greeting finished within 1 s, or no authenticated call within unauthenticated_seconds), else it is closed",
            8, 1 << 20);
-  c.AddInt("max_connections_per_address", 64, "client connections open at once from one IP address; more are closed", 1,
-           1 << 20);
+  c.AddInt("max_connections_per_address", 64,
+           "client connections open at once from one IP address; a newcomer over it closes that address's oldest idle one, "
+           "else it is closed", 1, 1 << 20);
+  c.AddDouble("unauthenticated_seconds", 10,
+              "a connection that has made no call with a valid token this long after it was accepted counts as idle: a "
+              "newcomer over a connection limit may close it (a client certificate alone is not a token; 0: never idle "
+              "once its TLS greeting finished)",
+              0, 86400);
   c.AddDouble("stream_frames_per_second", 20,
               "HTTP/2 streams one client connection may open or reset a second after a burst of stream_frame_burst (HEADERS "
               "and RST_STREAM frames, counted by the front door); a connection over it is closed (rapid reset; 0: not counted)",

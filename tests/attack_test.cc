@@ -12,11 +12,13 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include <array>
 #include <atomic>
 #include <climits>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <set>
@@ -25,6 +27,7 @@
 #include <vector>
 
 #include "aqsgd_frames.h"
+#include "http2_frames.h"
 #include "http_get.h"
 #include "network_fixture.h"
 #include "process.h"
@@ -372,9 +375,10 @@ tcp::socket HalfRequestFrom(asio::io_context& io, const std::string& source, uin
 }
 
 // Issue 39 item 5: 32 slow connections (half a request each, reopened as they time out) made 200 of
-// 200 probes fail. From one address they now get max_connections_per_address slots; from 40
-// addresses, each newcomer closes the oldest one still sending, so the probes are answered either
-// way.
+// 200 probes fail. From one address, the prober's own included (issue 58: 200 of 200 probes
+// failed), a newcomer over max_connections_per_address closes that address's oldest one still
+// sending; from 40 addresses, each newcomer closes the oldest one still sending: the probes are
+// answered either way.
 TEST(MetricsEndpoint, SlowConnectionsFromOneOrManyAddressesLeaveTheProbesAnswered) {
   server::MetricsOptions o;
   o.listen = "0";
@@ -388,14 +392,14 @@ TEST(MetricsEndpoint, SlowConnectionsFromOneOrManyAddressesLeaveTheProbesAnswere
     }
     return true;
   };
-  {
+  for (const std::string address : {"127.0.0.2", "127.0.0.1"}) {  // another address, the prober's own
     std::vector<tcp::socket> slow;
-    for (int i = 0; i < 32; ++i) slow.push_back(HalfRequestFrom(io, "127.0.0.2", metrics.port()));
-    EXPECT_TRUE(probe_all_answered()) << "32 slow connections from one address";
+    for (int i = 0; i < 32; ++i) slow.push_back(HalfRequestFrom(io, address, metrics.port()));
+    EXPECT_TRUE(probe_all_answered()) << "32 slow connections from " << address;
     char byte;
     boost::system::error_code ec;
-    slow.back().read_some(asio::buffer(&byte, 1), ec);  // over the address's limit: closed at once
-    EXPECT_TRUE(ec == asio::error::eof || ec == asio::error::connection_reset) << ec.message();
+    slow.front().read_some(asio::buffer(&byte, 1), ec);  // the oldest: closed for a newcomer of its address
+    EXPECT_TRUE(ec == asio::error::eof || ec == asio::error::connection_reset) << address << ": " << ec.message();
   }
   std::vector<tcp::socket> slow;
   for (int i = 1; i <= 40; ++i) slow.push_back(HalfRequestFrom(io, "127.0.1." + std::to_string(i), metrics.port()));
@@ -572,24 +576,6 @@ TEST_F(Network, TheFrontDoorFreesSlotsThatIdlePeersHold) {
       << "a connection with no call in flight is closed after connection_idle_seconds";
 }
 
-// HTTP/2 (RFC 9113) as a rapid-reset attacker writes it: a frame, and the header block (HPACK,
-// RFC 7541: indexed fields and literals without indexing) of a Steps call with a wrong token.
-std::string Http2Frame(uint8_t type, uint8_t flags, uint32_t stream, const std::string& payload) {
-  std::string frame = {static_cast<char>(payload.size() >> 16), static_cast<char>(payload.size() >> 8),
-                       static_cast<char>(payload.size()), static_cast<char>(type), static_cast<char>(flags)};
-  for (int shift = 24; shift >= 0; shift -= 8) frame += static_cast<char>(stream >> shift);
-  return frame + payload;
-}
-std::string StepsCallHeaders() {
-  const auto literal = [](const std::string& name_index, const std::string& value) {
-    return name_index + static_cast<char>(value.size()) + value;  // values under 127 bytes, no Huffman
-  };
-  return std::string("\x83\x87") +  // :method POST, :scheme https
-         literal("\x04", "/amaq.v1.SplitTraining/Steps") + literal("\x01", "localhost") +
-         literal("\x0f\x10", "application/grpc") + literal("\x0f\x08", "Bearer not-a-token") +
-         literal(std::string("\x00\x02te", 4), "trailers");
-}
-
 // Until `stop`: opens Steps calls on a TLS connection to the server at `port` and resets each at
 // once (HEADERS, then RST_STREAM CANCEL), 50 at a time, as fast as the connection takes them, and
 // connects again whenever the server closes it. Counts the connections made and the streams written
@@ -602,7 +588,7 @@ void RapidReset(uint16_t port, const std::string& ca, const std::atomic<bool>& s
   tls.set_verify_mode(asio::ssl::verify_peer);
   const unsigned char h2[] = {2, 'h', '2'};
   SSL_CTX_set_alpn_protos(tls.native_handle(), h2, sizeof(h2));
-  const std::string headers = StepsCallHeaders();
+  const std::string headers = testing::StepsCallHeaders();
   const std::string cancel("\0\0\0\x08", 4);
   while (!stop) {
     asio::ssl::stream<tcp::socket> stream(io, tls);
@@ -611,10 +597,10 @@ void RapidReset(uint16_t port, const std::string& ca, const std::atomic<bool>& s
     if (!ec) stream.handshake(asio::ssl::stream_base::client, ec);
     if (ec) continue;
     ++connections;
-    asio::write(stream, asio::buffer(std::string("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n") + Http2Frame(0x4, 0, 0, "")), ec);
+    asio::write(stream, asio::buffer(testing::Http2Preface()), ec);
     for (uint32_t id = 1; !ec && !stop && id < (1u << 31) - 100;) {
       std::string burst;
-      for (int i = 0; i < 50; ++i, id += 2) burst += Http2Frame(0x1, 0x4, id, headers) + Http2Frame(0x3, 0, id, cancel);
+      for (int i = 0; i < 50; ++i, id += 2) burst += testing::Http2Frame(0x1, 0x4, id, headers) + testing::Http2Frame(0x3, 0, id, cancel);
       asio::write(stream, asio::buffer(burst), ec);
       if (!ec) streams += 50;
     }
@@ -671,6 +657,123 @@ TEST_F(Network, MutualTlsThroughTheFrontDoorBindsTheCertificateToTheTokensClient
   EXPECT_NE(borrowed.error_message().find("client-2"), std::string::npos) << borrowed.error_message();
   EXPECT_TRUE(RawJoin(*RawStub("client-2"), kToken2, "client-2", "bf16").ok());
   EXPECT_FALSE(RawJoin(*RawStub(), kToken1, "client-1", "bf16").ok()) << "no certificate, no connection";
+}
+
+// A connection from `source` to the server at `port` that completes mutual TLS with `certificate`
+// (a file stem under `certs`) and the HTTP/2 preface, then sends nothing more: what a leaked
+// device certificate without a token gives an attacker. Null when the server closed it first.
+std::unique_ptr<asio::ssl::stream<tcp::socket>> CertificateHolder(asio::io_context& io, asio::ssl::context& tls,
+                                                                  const std::string& source, uint16_t port) {
+  auto stream = std::make_unique<asio::ssl::stream<tcp::socket>>(io, tls);
+  boost::system::error_code ec;
+  stream->lowest_layer().open(tcp::v4());
+  stream->lowest_layer().bind(tcp::endpoint(asio::ip::make_address(source), 0), ec);
+  if (!ec) stream->lowest_layer().connect(tcp::endpoint(asio::ip::address_v4::loopback(), port), ec);
+  if (!ec) stream->handshake(asio::ssl::stream_base::client, ec);
+  if (!ec) asio::write(*stream, asio::buffer(testing::Http2Preface()), ec);
+  return ec ? nullptr : std::move(stream);
+}
+
+// Issue 58 item 2: connections that complete mutual TLS with a CA-signed certificate and the
+// HTTP/2 preface but never present a token took every slot of the client's own address (298 held
+// made 10 of 11 legitimate Joins fail) and of the server, for up to 300 s: gRPC had answered them,
+// so the front door never counted them idle. Now one without an authenticated call within
+// unauthenticated_seconds is closed for a newcomer: over the address's limit (the legitimate
+// client's own address) and over max_connections (the rest from other addresses).
+TEST_F(Network, CertificateHoldersWithoutATokenDoNotKeepClientsOut) {
+  const auto server = StartServerProcess(testing::TempDir("certificate-holders"),
+                                         {"--tls_client_ca", *certs_ + "/ca.pem", "--max_connections", "32",
+                                          "--max_connections_per_address", "16", "--unauthenticated_seconds", "2"});
+  ASSERT_TRUE(testing::WaitFor([&] { return RawJoin(*RawStub("client-1"), kToken1, "client-1", "bf16").ok(); }, 30))
+      << server->Log();
+  asio::io_context io;
+  asio::ssl::context tls(asio::ssl::context::tls_client);
+  tls.load_verify_file(*certs_ + "/ca.pem");
+  tls.set_verify_mode(asio::ssl::verify_peer);
+  tls.use_certificate_chain_file(*certs_ + "/client-2.pem");
+  tls.use_private_key_file(*certs_ + "/client-2.key", asio::ssl::context::pem);
+  const unsigned char h2[] = {2, 'h', '2'};
+  SSL_CTX_set_alpn_protos(tls.native_handle(), h2, sizeof(h2));
+  std::vector<std::unique_ptr<asio::ssl::stream<tcp::socket>>> held;
+  for (int i = 0; i < 16; ++i) held.push_back(CertificateHolder(io, tls, "127.0.0.1", static_cast<uint16_t>(port_)));
+  for (int i = 1; i <= 40; ++i) held.push_back(CertificateHolder(io, tls, "127.0.4." + std::to_string(i), static_cast<uint16_t>(port_)));
+  const auto open = std::count_if(held.begin(), held.end(), [](const auto& h) { return h != nullptr; });
+  EXPECT_GE(open, 16) << "the holders took the address's slots and the server's";
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // past unauthenticated_seconds
+  int joined = 0;
+  for (int i = 0; i < 5; ++i) joined += RawJoin(*RawStub("client-1"), kToken1, "client-1", "bf16", 5).ok() ? 1 : 0;
+  EXPECT_EQ(joined, 5) << "a legitimate client joins while the certificate holders are held";
+}
+
+// Writes frames 0..count-1 (`frame(i)`) into `stream` until the server closes it (or all are
+// written); whether it was closed, and then within how many frames.
+std::pair<bool, int> WriteUntilClosed(asio::ssl::stream<tcp::socket>& stream, int count,
+                                      const std::function<std::string(int)>& frame) {
+  boost::system::error_code ec;
+  int written = 0;
+  for (; written < count && !ec; ++written) asio::write(stream, asio::buffer(frame(written)), ec);
+  if (!ec) {  // all written: the close shows as the end of what the server sends
+    stream.lowest_layer().set_option(asio::socket_base::receive_buffer_size(1 << 16));
+    std::array<char, 4096> sink{};
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!ec && std::chrono::steady_clock::now() < until) stream.read_some(asio::buffer(sink), ec);
+  }
+  return {bool(ec), written};
+}
+
+// Issue 58 item 1: header blocks without credentials, through the real server: a CONTINUATION
+// flood (HEADERS without END_HEADERS, then CONTINUATION frames of 16 KB: 1.9 GB retained in the
+// review) and HPACK expansion (a 4 KB field, then blocks that reference it 2,000 times: 818 MB
+// retained), each from a client with TLS only and from one with a CA-signed certificate and no
+// token. The front door closes each connection within a few frames; the server's memory stays
+// within 64 MiB of where it was.
+TEST_F(Network, HeaderBlockFloodsAreClosedByTheFrontDoor) {
+  const auto server = StartServerProcess(testing::TempDir("header-floods"), {"--tls_client_ca", *certs_ + "/ca.pem"});
+  ASSERT_TRUE(testing::WaitFor([&] { return RawJoin(*RawStub("client-1"), kToken1, "client-1", "bf16").ok(); }, 30))
+      << server->Log();
+  const double before = testing::ProcStatusMiB(server->pid(), "VmRSS");
+  const std::string preface = testing::Http2Preface();
+  const std::string continuation_frame = testing::Http2Frame(0x9, 0, 1, std::string(16384, '\x40'));
+  const auto continuation = [&](int i) {  // HEADERS without END_HEADERS, then CONTINUATION frames
+    return i == 0 ? preface + testing::Http2Frame(0x1, 0, 1, testing::StepsCallHeaders()) : continuation_frame;
+  };
+  const std::string field = std::string("\x40\x01x\x7f\xa1\x1e") + std::string(4000, 'a');  // 4,000 bytes, indexed
+  const auto expansion = [&](int i) {  // the field, then blocks of 2,000 references to it
+    return i == 0 ? preface + testing::Http2Frame(0x1, 0x4, 1, testing::StepsCallHeaders() + field)
+                  : testing::Http2Frame(0x1, 0x4, 2 * i + 1, testing::StepsCallHeaders() + std::string(2000, '\xbe'));
+  };
+  asio::io_context io;
+  for (const bool certificate : {false, true}) {
+    asio::ssl::context tls(asio::ssl::context::tls_client);
+    tls.load_verify_file(*certs_ + "/ca.pem");
+    tls.set_verify_mode(asio::ssl::verify_peer);
+    if (certificate) {
+      tls.use_certificate_chain_file(*certs_ + "/client-2.pem");
+      tls.use_private_key_file(*certs_ + "/client-2.key", asio::ssl::context::pem);
+    }
+    const unsigned char h2[] = {2, 'h', '2'};
+    SSL_CTX_set_alpn_protos(tls.native_handle(), h2, sizeof(h2));
+    for (const bool hpack : {false, true}) {
+      const std::string what = std::string(hpack ? "HPACK expansion" : "CONTINUATION flood") +
+                               (certificate ? " with a certificate" : " with TLS only");
+      asio::ssl::stream<tcp::socket> stream(io, tls);
+      boost::system::error_code ec;
+      stream.lowest_layer().connect(tcp::endpoint(asio::ip::address_v4::loopback(), static_cast<uint16_t>(port_)), ec);
+      if (!ec) stream.handshake(asio::ssl::stream_base::client, ec);
+      ASSERT_FALSE(ec) << what << ": " << ec.message();
+      const auto [closed, written] = hpack ? WriteUntilClosed(stream, 200, expansion) : WriteUntilClosed(stream, 100000, continuation);
+      // The socket buffers take a few MB before a write fails: the frames written are a bound, not the count read.
+      EXPECT_TRUE(closed) << what << ": the connection stayed open after " << written << " frames";
+      if (!hpack) {
+        EXPECT_LT(written, 1000) << what << ": closed long before the flood's 100,000 frames";
+      }
+    }
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  const double after = testing::ProcStatusMiB(server->pid(), "VmRSS");
+  std::cerr << "header block floods: server RSS " << before << " -> " << after << " MiB\n";
+  EXPECT_LT(after - before, 64) << "resident memory after the floods";
+  EXPECT_TRUE(RawJoin(*RawStub("client-1"), kToken1, "client-1", "bf16").ok()) << "the server still serves";
 }
 
 // A step of `batch` x `tokens` whose every token is real (TRAIN: labelled after the

@@ -82,11 +82,19 @@ struct Relay {
   std::list<std::weak_ptr<RelayConnection>> connections;
   std::shared_ptr<asio::ssl::context> tls;  // set: TLS from clients ends here
   // With TLS ended here and a Unix socket upstream: the folder where each upstream end is bound to
-  // a path of its own, and the client certificate's names by that path (guarded by names_mutex).
+  // a path of its own, and by that path the client certificate's names and whether the upstream
+  // has reported an authenticated call on it (MarkAuthenticated; guarded by names_mutex).
   std::string peer_folder;
   uint64_t peers_bound = 0;
+  struct UpstreamPeer {
+    std::vector<std::string> names;
+    bool authenticated = false;
+  };
   mutable std::mutex names_mutex;
-  std::map<std::string, std::vector<std::string>> names_by_path;
+  std::map<std::string, UpstreamPeer> peers_by_path;
+  // Evictions in the second that began at eviction_window (at most max(8, max_connections) a second).
+  Clock::time_point eviction_window{};
+  int evictions_in_window = 0;
   std::thread thread;
 
   bool Blackholed() const { return Clock::now() >= blackhole_from; }
@@ -97,9 +105,15 @@ struct Relay {
   // Arms `action` to run once `bytes` more (at least 1) have been delivered.
   void ArmFault(uint64_t bytes, std::function<void()> action);
   // Registers a newly accepted connection within the limits (max_connections_per_address, then
-  // max_connections: a connection that has had no byte from the upstream yet makes room); false:
-  // close it.
+  // max_connections), an evictable connection making room where one is full (of that address, then
+  // of any); false: close it.
   bool Admit(const std::shared_ptr<RelayConnection>& connection);
+  // Whether `c` may be closed for a newcomer: no byte from the upstream a second after its accept,
+  // or (with unauthenticated_seconds) no authenticated call reported that long after it. Needs mutex.
+  bool Evictable(const RelayConnection& c, Clock::time_point now) const;
+  // Closes the oldest evictable connection `among` accepts, within the eviction rate; whether it
+  // closed one. Needs mutex.
+  bool EvictFor(const std::function<bool(const RelayConnection&)>& among);
   void Accept();
   // An admitted connection: its TLS handshake (when TLS ends here) within the time allowed, then
   // ConnectUpstream.
@@ -267,7 +281,7 @@ struct RelayConnection : std::enable_shared_from_this<RelayConnection> {
     handshake_timer.cancel();
     if (!upstream_path.empty()) {
       std::lock_guard<std::mutex> lock(link.names_mutex);
-      link.names_by_path.erase(upstream_path);
+      link.peers_by_path.erase(upstream_path);
     }
   }
 
@@ -315,6 +329,38 @@ void Relay::CloseAll() {
   }
 }
 
+bool Relay::Evictable(const RelayConnection& c, Clock::time_point now) const {
+  if (c.closed) return false;
+  if (c.down.bytes_read == 0 && now - c.accepted >= kEvictableAfter) return true;  // no byte from the upstream yet
+  if (link.unauthenticated_seconds <= 0 || c.upstream_path.empty() || now - c.accepted < Seconds(link.unauthenticated_seconds)) {
+    return false;
+  }
+  std::lock_guard<std::mutex> lock(names_mutex);
+  const auto peer = peers_by_path.find(c.upstream_path);
+  return peer == peers_by_path.end() || !peer->second.authenticated;
+}
+
+bool Relay::EvictFor(const std::function<bool(const RelayConnection&)>& among) {
+  const Clock::time_point now = Clock::now();
+  if (now - eviction_window >= std::chrono::seconds(1)) {
+    eviction_window = now;
+    evictions_in_window = 0;
+  }
+  // Each eviction costs gRPC a socket until it sees the close, and gRPC 1.51's listener stops for
+  // good when it runs out of them: at most max_connections (at least 8) a second.
+  if (evictions_in_window >= std::max(8, link.max_connections)) return false;
+  const auto oldest = std::find_if(connections.begin(), connections.end(), [&](const std::weak_ptr<RelayConnection>& c) {
+    const auto open = c.lock();
+    return open && among(*open) && Evictable(*open, now);
+  });
+  if (oldest == connections.end()) return false;
+  ++evictions_in_window;
+  ++refused;
+  oldest->lock()->Close();
+  connections.erase(oldest);
+  return true;
+}
+
 bool Relay::Admit(const std::shared_ptr<RelayConnection>& connection) {
   boost::system::error_code ec;
   const Endpoint peer = connection->client.remote_endpoint(ec);
@@ -327,20 +373,15 @@ bool Relay::Admit(const std::shared_ptr<RelayConnection>& connection) {
       const auto open = c.lock();
       return open && !open->closed && open->peer_address == address;
     });
-    if (from_peer >= link.max_connections_per_address) return false;
+    // The address's own idle connections make room first: one address cannot lock itself out.
+    if (from_peer >= link.max_connections_per_address &&
+        !EvictFor([&](const RelayConnection& c) { return c.peer_address == address; })) {
+      return false;
+    }
   }
-  if (link.max_connections > 0 && connections.size() >= static_cast<size_t>(link.max_connections)) {
-    // At most max_connections evictions a second: each costs gRPC a socket until it sees the close,
-    // and gRPC 1.51's listener stops for good when it runs out of them.
-    const Clock::time_point now = Clock::now();
-    const auto silent = std::find_if(connections.begin(), connections.end(), [now](const std::weak_ptr<RelayConnection>& c) {
-      const auto open = c.lock();
-      return open && !open->closed && open->down.bytes_read == 0 && now - open->accepted >= kEvictableAfter;
-    });
-    if (silent == connections.end()) return false;
-    ++refused;
-    silent->lock()->Close();
-    connections.erase(silent);
+  if (link.max_connections > 0 && connections.size() >= static_cast<size_t>(link.max_connections) &&
+      !EvictFor([](const RelayConnection&) { return true; })) {
+    return false;
   }
   connection->peer_address = address;
   connections.push_back(connection);
@@ -396,7 +437,7 @@ void Relay::ConnectUpstream(const std::shared_ptr<RelayConnection>& connection, 
     }
     connection->upstream_path = bound.path();
     std::lock_guard<std::mutex> lock(names_mutex);
-    names_by_path[bound.path()] = std::move(names);
+    peers_by_path[bound.path()] = UpstreamPeer{std::move(names)};
   }
   connection->upstream.async_connect(upstream, [connection](boost::system::error_code ec) {
     // The upstream saw the bound path when it accepted; the file itself is no longer needed.
@@ -437,8 +478,10 @@ void TcpRelay::Start(const LinkOptions& link, const std::string& listen) {
               link.jitter_seconds >= 0 && link.stall_seconds >= 0 && link.burst_bytes > 0 && link.max_connections >= 0,
           ErrorCode::kInvalidArgument,
           "link rates, delays, the burst and max_connections must not be negative (0 rate or 0 connections: unlimited)");
-  Require(link.stream_frames_per_second >= 0 && link.tls_handshake_seconds > 0, ErrorCode::kInvalidArgument,
-          "stream_frames_per_second must not be negative (0: not watched) and the TLS handshake time must be positive");
+  Require(link.stream_frames_per_second >= 0 && link.tls_handshake_seconds > 0 && link.unauthenticated_seconds >= 0,
+          ErrorCode::kInvalidArgument,
+          "stream_frames_per_second and unauthenticated_seconds must not be negative (0: off) and the TLS handshake "
+          "time must be positive");
   impl_->link = link;
   impl_->jitter_rng.seed(link.seed);
   if (!link.tls.cert.empty()) impl_->tls = ServerTlsContext(link.tls, true, "the front door " + listen);
@@ -492,8 +535,14 @@ uint64_t TcpRelay::stream_floods() const { return impl_->stream_floods.load(); }
 
 std::vector<std::string> TcpRelay::ClientCertificateNames(const std::string& upstream_peer_path) const {
   std::lock_guard<std::mutex> lock(impl_->names_mutex);
-  const auto found = impl_->names_by_path.find(upstream_peer_path);
-  return found == impl_->names_by_path.end() ? std::vector<std::string>{} : found->second;
+  const auto found = impl_->peers_by_path.find(upstream_peer_path);
+  return found == impl_->peers_by_path.end() ? std::vector<std::string>{} : found->second.names;
+}
+
+void TcpRelay::MarkAuthenticated(const std::string& upstream_peer_path) {
+  std::lock_guard<std::mutex> lock(impl_->names_mutex);
+  const auto found = impl_->peers_by_path.find(upstream_peer_path);
+  if (found != impl_->peers_by_path.end()) found->second.authenticated = true;
 }
 
 size_t TcpRelay::open_connections() const {

@@ -37,12 +37,17 @@ struct LinkOptions {
   double stall_seconds = 0;         // ... for this long
   double blackhole_at_seconds = -1; // from this time on, drop everything and answer nothing
   uint64_t seed = 1;                // of the jitter
-  // Connections open at once; one more is closed as soon as it is accepted (0: no limit), unless
-  // one of them, open for a second or more, has had no byte from the upstream yet (a peer that
-  // never finished its first TLS flight): the oldest such is closed for it. Running out of file descriptors pauses accepting for
-  // 100 ms and never stops the relay.
+  // Connections open at once (0: no limit) and from one client address (0: no limit). A newcomer
+  // over either limit is closed as soon as it is accepted, unless an evictable connection (of its
+  // own address, for the per-address limit) makes room: the oldest is closed for it, at most
+  // max(8, max_connections) a second. Evictable: open for a second or more with no byte from the
+  // upstream yet (a peer that never finished its first TLS flight), or, with
+  // unauthenticated_seconds > 0, open that long without the upstream's owner having reported an
+  // authenticated call on it (MarkAuthenticated: a certificate, or TLS alone, is not a token).
+  // Running out of file descriptors pauses accepting for 100 ms and never stops the relay.
   int max_connections = 0;
-  int max_connections_per_address = 0;  // from one client address; more are closed at once (0: no limit)
+  int max_connections_per_address = 0;
+  double unauthenticated_seconds = 0;  // needs TLS ended here and a Unix socket upstream
   // When the upstream ends a connection (the server gave up on it), close the client's side too,
   // whatever the client does, once what the upstream sent is delivered (false: pass the EOF on and
   // wait for the client's, as TCP's half-close does).
@@ -91,6 +96,10 @@ class TcpRelay {
   // the upstream sees as the peer's address). Empty when no open connection has that path, or its
   // client presented no certificate. Thread-safe.
   std::vector<std::string> ClientCertificateNames(const std::string& upstream_peer_path) const;
+  // Records that the connection whose upstream end is bound to `upstream_peer_path` made an
+  // authenticated call: it no longer counts as idle for eviction (unauthenticated_seconds). No
+  // effect for a path no open connection has. Thread-safe.
+  void MarkAuthenticated(const std::string& upstream_peer_path);
 
   // Faults on demand (they act on the relay's thread, shortly after the call):
   void ResetConnections();                 // close every open connection, as a dropped link would
