@@ -12,7 +12,10 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <sstream>
 
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
 #include "inproc/local_transport.h"
@@ -965,6 +968,34 @@ TEST(SplitTraining, EachRunOfACsvHasItsOwnLabel) {
     EXPECT_NE(std::string(e.what()).find("without the run column"), std::string::npos) << e.what();
   }
   EXPECT_EQ(std::filesystem::file_size(old), 208u) << "nothing was appended to it";
+}
+
+// Issue 55 item 5: training examples longer than max_tokens (a 5 MB line trained as its last 64
+// tokens without a word) are named in a warning: how many of how many, and the longest; data that
+// fits says nothing.
+TEST(SplitTraining, ExamplesLongerThanMaxTokensAreNamed) {
+  const std::string dir = testing::TinyModelDir("long-examples");
+  server::SplitServer server(ServerFor(dir));
+  inproc::LocalTransport transport(server);
+  const auto warnings = [&](const Dataset& data) {
+    std::ostringstream log;
+    const std::shared_ptr<spdlog::logger> previous = spdlog::default_logger();
+    spdlog::set_default_logger(std::make_shared<spdlog::logger>("captured", std::make_shared<spdlog::sinks::ostream_sink_mt>(log)));
+    client::ClientOptions o = ClientFor(dir, "fp32", 1);
+    o.max_tokens = 24;
+    client::SplitClient c(o, data, transport);
+    spdlog::set_default_logger(previous);
+    return log.str();
+  };
+  Dataset data = testing::ParityDataset(32);
+  EXPECT_EQ(warnings(data).find("longer than max_tokens"), std::string::npos) << "short examples fit";
+  std::string long_prompt;
+  for (int i = 0; i < 500; ++i) long_prompt += "one two three ";
+  data.train[3].prompt = long_prompt;
+  data.train[9].prompt = long_prompt.substr(0, 200);
+  const std::string said = warnings(data);
+  EXPECT_NE(said.find("2 of 32 training examples are longer than max_tokens (24; the longest has "), std::string::npos) << said;
+  EXPECT_NE(said.find("raise max_tokens"), std::string::npos) << said;
 }
 
 // A new run under a client_id the server (or checkpoint_dir) holds another run of is refused, with
