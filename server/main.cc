@@ -114,6 +114,7 @@ int Run(const Config& c) {
   front.max_connections = static_cast<int>(std::min<int64_t>(c.Int("max_connections"), connection_room));
   front.max_connections_per_address = static_cast<int>(c.Int("max_connections_per_address"));
   front.unauthenticated_seconds = c.Double("unauthenticated_seconds");
+  front.connections_per_second_per_address = c.Double("connections_per_second_per_address");
   front.close_with_upstream = true;  // gRPC gave up on it (handshake timeout, idle): the slot is free
   if (!c.Bool("insecure")) front.tls = tls;
   front.stream_frames_per_second = c.Double("stream_frames_per_second");

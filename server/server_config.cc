@@ -102,6 +102,11 @@ Config ServerConfig() {
               "newcomer over a connection limit may close it (a client certificate alone is not a token; 0: never idle "
               "once its TLS greeting finished)",
               0, 86400);
+  c.AddDouble("connections_per_second_per_address", 64,
+              "new client connections one IP address may open a second, after a burst of twice as many; more are closed "
+              "before their TLS handshake (a handshake flood or reconnecting resets spend their own address's budget; 0: "
+              "no bound)",
+              0, 1e6);
   c.AddDouble("stream_frames_per_second", 20,
               "HTTP/2 streams one client connection may open or reset a second after a burst of stream_frame_burst (HEADERS "
               "and RST_STREAM frames, counted by the front door); a connection over it is closed (rapid reset; 0: not counted)",

@@ -92,6 +92,12 @@ struct Relay {
   };
   mutable std::mutex names_mutex;
   std::map<std::string, UpstreamPeer> peers_by_path;
+  // connections_per_second_per_address: each address's arrivals, a token bucket (tokens at `at`).
+  struct Arrivals {
+    double tokens = 0;
+    Clock::time_point at{};
+  };
+  std::map<std::string, Arrivals> arrivals;
   // Evictions in the second that began at eviction_window (at most max(8, max_connections) a second).
   Clock::time_point eviction_window{};
   int evictions_in_window = 0;
@@ -114,6 +120,9 @@ struct Relay {
   // Closes the oldest evictable connection `among` accepts, within the eviction rate; whether it
   // closed one. Needs mutex.
   bool EvictFor(const std::function<bool(const RelayConnection&)>& among);
+  // Whether `address` may open one more connection now (connections_per_second_per_address); takes
+  // it from the address's bucket. Needs mutex.
+  bool TakeArrival(const std::string& address, Clock::time_point now);
   void Accept();
   // An admitted connection: its TLS handshake (when TLS ends here) within the time allowed, then
   // ConnectUpstream.
@@ -361,12 +370,30 @@ bool Relay::EvictFor(const std::function<bool(const RelayConnection&)>& among) {
   return true;
 }
 
+bool Relay::TakeArrival(const std::string& address, Clock::time_point now) {
+  const double rate = link.connections_per_second_per_address, burst = 2 * rate;
+  const auto refilled = [&](const Arrivals& a) {
+    return std::min(burst, a.tokens + rate * std::chrono::duration<double>(now - a.at).count());
+  };
+  if (arrivals.size() >= 4096) {  // forget the addresses whose buckets are full again
+    for (auto it = arrivals.begin(); it != arrivals.end();) it = refilled(it->second) >= burst ? arrivals.erase(it) : std::next(it);
+  }
+  const auto [it, added] = arrivals.try_emplace(address, Arrivals{burst, now});
+  Arrivals& a = it->second;
+  a.tokens = refilled(a);
+  a.at = now;
+  if (a.tokens < 1) return false;
+  a.tokens -= 1;
+  return true;
+}
+
 bool Relay::Admit(const std::shared_ptr<RelayConnection>& connection) {
   boost::system::error_code ec;
   const Endpoint peer = connection->client.remote_endpoint(ec);
   if (ec) return false;
   const std::string address = PeerAddress(peer);
   std::lock_guard<std::mutex> lock(mutex);
+  if (link.connections_per_second_per_address > 0 && !TakeArrival(address, Clock::now())) return false;
   connections.remove_if([](const std::weak_ptr<RelayConnection>& c) { return c.expired(); });
   if (link.max_connections_per_address > 0) {
     const auto from_peer = std::count_if(connections.begin(), connections.end(), [&](const std::weak_ptr<RelayConnection>& c) {
@@ -478,10 +505,11 @@ void TcpRelay::Start(const LinkOptions& link, const std::string& listen) {
               link.jitter_seconds >= 0 && link.stall_seconds >= 0 && link.burst_bytes > 0 && link.max_connections >= 0,
           ErrorCode::kInvalidArgument,
           "link rates, delays, the burst and max_connections must not be negative (0 rate or 0 connections: unlimited)");
-  Require(link.stream_frames_per_second >= 0 && link.tls_handshake_seconds > 0 && link.unauthenticated_seconds >= 0,
+  Require(link.stream_frames_per_second >= 0 && link.tls_handshake_seconds > 0 && link.unauthenticated_seconds >= 0 &&
+              link.connections_per_second_per_address >= 0,
           ErrorCode::kInvalidArgument,
-          "stream_frames_per_second and unauthenticated_seconds must not be negative (0: off) and the TLS handshake "
-          "time must be positive");
+          "stream_frames_per_second, unauthenticated_seconds and connections_per_second_per_address must not be "
+          "negative (0: off) and the TLS handshake time must be positive");
   impl_->link = link;
   impl_->jitter_rng.seed(link.seed);
   if (!link.tls.cert.empty()) impl_->tls = ServerTlsContext(link.tls, true, "the front door " + listen);

@@ -48,6 +48,10 @@ struct LinkOptions {
   int max_connections = 0;
   int max_connections_per_address = 0;
   double unauthenticated_seconds = 0;  // needs TLS ended here and a Unix socket upstream
+  // New connections from one client address: a burst of twice this, then this many a second; more
+  // are closed as soon as they are accepted, before any TLS work (0: no bound). A handshake flood or
+  // an attacker that reconnects to reset streams again then spends its own address's budget only.
+  double connections_per_second_per_address = 0;
   // When the upstream ends a connection (the server gave up on it), close the client's side too,
   // whatever the client does, once what the upstream sent is delivered (false: pass the EOF on and
   // wait for the client's, as TCP's half-close does).
