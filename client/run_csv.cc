@@ -26,7 +26,7 @@ std::string UtcNow() {
 
 }  // namespace
 
-RunCsv::RunCsv(const std::string& path) : path_(path) {
+RunCsv::RunCsv(const std::string& path) {
   std::string header, last;
   {
     std::ifstream in(path);

@@ -34,7 +34,6 @@ class RunCsv {
   const std::string& run() const { return run_; }
 
  private:
-  std::string path_;
   std::ofstream out_;
   std::string last_run_;  // the file's last row's run when opened (empty: none)
   std::string run_;       // the rows' run (empty until StartAt or the first row)
