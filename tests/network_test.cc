@@ -239,7 +239,7 @@ TEST_F(Network, InProcessRunCountsTheMessageBytesOfTheNetworkRun) {
 ErrorCode JoinError(client::GrpcOptions g, const std::string& client_id, const std::string& fingerprint) {
   try {
     client::GrpcTransport transport(g);
-    transport.Join(JoinInfo{client_id, fingerprint, 2, "bf16"});
+    transport.Join(JoinInfo{client_id, fingerprint, 2, "bf16", "", RunStart::kContinue});
   } catch (const Error& e) {
     return e.code();
   }
@@ -383,7 +383,7 @@ TEST_F(Network, MalformedStepEndsThatStreamOnly) {
 Error JoinErrorOf(client::GrpcOptions g, const std::string& fingerprint) {
   try {
     client::GrpcTransport transport(g);
-    transport.Join(JoinInfo{"client-1", fingerprint, 2, "bf16"});
+    transport.Join(JoinInfo{"client-1", fingerprint, 2, "bf16", "", RunStart::kContinue});
   } catch (const Error& e) {
     return e;
   }
@@ -436,7 +436,7 @@ TEST_F(Network, ACallWhileTheServerIsDownNamesTheServerGiven) {
   StartServer();
   const client::GrpcOptions g = ClientTransport(kToken1, port_);
   client::GrpcTransport transport(g);
-  transport.Join(JoinInfo{"client-1", ModelFingerprint(*model_, 2), 2, "bf16"});
+  transport.Join(JoinInfo{"client-1", ModelFingerprint(*model_, 2), 2, "bf16", "", RunStart::kContinue});
   StopServer();
   try {
     transport.FetchAdapter();
