@@ -115,6 +115,8 @@ int Run(const Config& c) {
   front.max_connections_per_address = static_cast<int>(c.Int("max_connections_per_address"));
   front.unauthenticated_seconds = c.Double("unauthenticated_seconds");
   front.connections_per_second_per_address = c.Double("connections_per_second_per_address");
+  front.threads = c.Int("front_door_threads") > 0 ? static_cast<int>(c.Int("front_door_threads"))
+                                                  : std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 4, 1, 8);
   front.close_with_upstream = true;  // gRPC gave up on it (handshake timeout, idle): the slot is free
   if (!c.Bool("insecure")) front.tls = tls;
   front.stream_frames_per_second = c.Double("stream_frames_per_second");
@@ -131,8 +133,8 @@ int Run(const Config& c) {
           "gRPC cannot listen on " + inner.path() + ": is its directory writable (TMPDIR)?");
   front_door = std::make_unique<TcpRelay>(UnixSocket{inner.path()}, front, c.String("listen"));
   const int port = front_door->port();
-  spdlog::info("at most {} client connections at once (max_connections {}, open-files limit {})", front.max_connections,
-               c.Int("max_connections"), open_files);
+  spdlog::info("at most {} client connections at once (max_connections {}, open-files limit {}), on {} front door threads",
+               front.max_connections, c.Int("max_connections"), open_files, front.threads);
   if (!c.String("port_file").empty()) std::ofstream(c.String("port_file")) << port << "\n";
   std::atomic<bool> draining{false};
   const std::unique_ptr<server::MetricsHttp> metrics = StartMetrics(c, service, metrics_token, draining);

@@ -107,6 +107,11 @@ Config ServerConfig() {
               "before their TLS handshake (a handshake flood or reconnecting resets spend their own address's budget; 0: "
               "no bound)",
               0, 1e6);
+  c.AddInt("front_door_threads", 0,
+           "threads that end the clients' TLS and carry their bytes to gRPC (the front door; each connection stays on one; "
+           "0: a quarter of the cores, 1 to 8): more keep handshakes flowing when many clients, or a handshake flood, "
+           "arrive, and leave fewer cores to gRPC and the model",
+           0, 64);
   c.AddDouble("stream_frames_per_second", 20,
               "HTTP/2 streams one client connection may open or reset a second after a burst of stream_frame_burst (HEADERS "
               "and RST_STREAM frames, counted by the front door); a connection over it is closed (rapid reset; 0: not counted)",

@@ -9,6 +9,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -368,6 +369,129 @@ TEST(Link, ConnectionsAboveTheLimitAreClosedAtOnce) {
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   EXPECT_EQ(relay.refused(), 1u) << "the free slot takes the next connection";
   EXPECT_EQ(relay.open_connections(), 1u);
+}
+
+// A server on loopback that echoes every connection it accepts, each on a thread of its own, until
+// its peer ends it. Its connections must have ended before it is destroyed.
+class EchoUpstream {
+ public:
+  EchoUpstream() : acceptor_(io_, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0)) {
+    accepting_ = std::thread([this] {
+      for (;;) {
+        auto s = std::make_shared<tcp::socket>(io_);
+        boost::system::error_code ec;
+        acceptor_.accept(*s, ec);
+        if (ec || stopping_) return;
+        echoes_.emplace_back([s] {
+          std::vector<char> buffer(8192);
+          boost::system::error_code read, written;
+          while (!read && !written) {
+            const size_t n = s->read_some(asio::buffer(buffer), read);
+            asio::write(*s, asio::buffer(buffer.data(), n), written);
+          }
+        });
+      }
+    });
+  }
+  ~EchoUpstream() {
+    stopping_ = true;
+    tcp::socket wake(io_);  // a blocking accept does not return when its socket is closed
+    wake.connect(acceptor_.local_endpoint());
+    accepting_.join();
+    for (std::thread& t : echoes_) t.join();
+  }
+  uint16_t port() const { return acceptor_.local_endpoint().port(); }
+
+ private:
+  asio::io_context io_;
+  tcp::acceptor acceptor_;
+  std::atomic<bool> stopping_{false};
+  std::vector<std::thread> echoes_;
+  std::thread accepting_;
+};
+
+// Connections spread over several threads (the server's front door, front_door_threads): each of
+// 12 concurrent streams is carried whole and in order, the counters add up across threads, a reset
+// closes the connections of every thread, and the relay stops with connections open on each.
+TEST(Link, ConnectionsOnSeveralThreadsAreEachCarriedWholeAndClosedTogether) {
+  EchoUpstream upstream;
+  LinkOptions link;
+  link.threads = 3;
+  {
+    TcpRelay relay("127.0.0.1", upstream.port(), link);
+    constexpr int kStreams = 12;
+    constexpr size_t kStreamBytes = 1 << 20;
+    std::atomic<int> whole{0};
+    std::vector<std::thread> clients;
+    for (int i = 0; i < kStreams; ++i) {
+      clients.emplace_back([&, i] {
+        asio::io_context io;
+        tcp::socket s = Connect(io, relay);
+        std::vector<char> sent(kStreamBytes), echoed(kStreamBytes);
+        for (size_t k = 0; k < sent.size(); ++k) sent[k] = static_cast<char>((k * 7 + static_cast<size_t>(i) * 131) >> 3);
+        std::thread writer([&] { asio::write(s, asio::buffer(sent)); });
+        boost::system::error_code ec;
+        asio::read(s, asio::buffer(echoed), ec);
+        writer.join();
+        if (!ec && echoed == sent) ++whole;
+      });
+    }
+    for (std::thread& t : clients) t.join();
+    EXPECT_EQ(whole, kStreams) << "every stream came back whole and in order";
+    // A write is counted when its completion runs on the relay's thread, after the reader may have it.
+    for (int i = 0; i < 100 && relay.bytes_down() < kStreams * kStreamBytes; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_EQ(relay.bytes_up(), kStreams * kStreamBytes);
+    EXPECT_EQ(relay.bytes_down(), kStreams * kStreamBytes);
+
+    asio::io_context io;
+    std::vector<tcp::socket> open;
+    for (int i = 0; i < 6; ++i) {  // two on each thread, each carried before the reset
+      open.push_back(Connect(io, relay));
+      asio::write(open.back(), asio::buffer("x", 1));
+      EXPECT_EQ(ReadUpTo(open.back(), 1), 1u);
+    }
+    relay.ResetConnections();
+    for (tcp::socket& s : open) {
+      char byte = 0;
+      boost::system::error_code ec;
+      s.read_some(asio::buffer(&byte, 1), ec);
+      EXPECT_TRUE(ec == asio::error::eof || ec == asio::error::connection_reset) << ec.message();
+    }
+    EXPECT_EQ(relay.resets(), 1u);
+    for (int i = 0; i < 6; ++i) {  // open again on every thread when the relay stops
+      open.push_back(Connect(io, relay));
+      asio::write(open.back(), asio::buffer("y", 1));
+      EXPECT_EQ(ReadUpTo(open.back(), 1), 1u);
+    }
+  }  // ~TcpRelay closes them and returns (a hang here fails the test by its timeout)
+}
+
+// Admission runs on the first thread and evicts connections that live on the others: with two
+// threads and max_connections 2, each newcomer closes the oldest idle connection (no byte from the
+// upstream after a second), whichever thread carries it, and is carried itself.
+TEST(Link, ANewcomerEvictsAnIdleConnectionOnAnotherThread) {
+  EchoUpstream upstream;
+  LinkOptions link;
+  link.threads = 2;
+  link.max_connections = 2;
+  TcpRelay relay("127.0.0.1", upstream.port(), link);
+  asio::io_context io;
+  std::vector<tcp::socket> idle;
+  idle.push_back(Connect(io, relay));  // on relay-0
+  idle.push_back(Connect(io, relay));  // on relay-1
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  for (int i = 0; i < 2; ++i) {
+    tcp::socket newcomer = Connect(io, relay);
+    char byte = 0;
+    boost::system::error_code ec;
+    idle[static_cast<size_t>(i)].read_some(asio::buffer(&byte, 1), ec);
+    EXPECT_TRUE(ec == asio::error::eof || ec == asio::error::connection_reset) << "idle connection " << i << ": " << ec.message();
+    asio::write(newcomer, asio::buffer("z", 1));
+    EXPECT_EQ(ReadUpTo(newcomer, 1), 1u) << "newcomer " << i << " is carried";
+    idle[static_cast<size_t>(i)] = std::move(newcomer);  // it holds the slot now, and is not idle
+  }
+  EXPECT_EQ(relay.refused(), 2u);
+  EXPECT_EQ(relay.open_connections(), 2u);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <arpa/inet.h>
+#include <pthread.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -61,31 +62,39 @@ std::string PeerAddress(const Endpoint& endpoint) {
   return text;
 }
 
-// The state every connection shares: the link's settings, its faults and its counters. Touched
-// only on the relay's thread, except the atomic counters.
+// The state every connection shares: the link's settings, its faults and its counters. The
+// acceptor, the admission state (guarded by mutex) and the scheduled faults' timers live on the
+// first thread (io); each connection lives on one thread of `threads` (its io_context), given in
+// turn, and touches what it shares with the others through the atomics and mutexes below.
 struct Relay {
-  asio::io_context io;
+  asio::io_context io;  // the first thread's
+  // The further threads' (link.threads - 1), each kept running until the relay stops.
+  std::vector<std::unique_ptr<asio::io_context>> more_io;
+  std::vector<asio::executor_work_guard<asio::io_context::executor_type>> keep_running;
+  size_t next_io = 0;  // the io_context of the next connection, in turn (the acceptor's thread only)
   tcp::acceptor acceptor{io};
   Endpoint upstream;
   LinkOptions link;
   Clock::time_point started = Clock::now();
+  // The link's state over time and its jitter; guarded by faults_mutex.
+  mutable std::mutex faults_mutex;
   Clock::time_point stall_from = Clock::time_point::max(), stall_until = Clock::time_point::min();
   Clock::time_point blackhole_from = Clock::time_point::max();
   // A fault armed to strike once this many more bytes have been delivered (-1: none).
   int64_t fault_budget = -1;
   std::function<void()> fault;
+  std::mt19937_64 jitter_rng;
   asio::steady_timer reset_timer{io};
   asio::steady_timer accept_retry{io};
-  std::mt19937_64 jitter_rng;
   std::atomic<uint64_t> up{0}, down{0}, reset_count{0}, refused{0}, stream_floods{0};
-  std::mutex mutex;  // guards connections (the destructor reads it from another thread)
+  std::mutex mutex;  // guards connections, arrivals and the eviction window
   std::list<std::weak_ptr<RelayConnection>> connections;
   std::shared_ptr<asio::ssl::context> tls;  // set: TLS from clients ends here
   // With TLS ended here and a Unix socket upstream: the folder where each upstream end is bound to
   // a path of its own, and by that path the client certificate's names and whether the upstream
   // has reported an authenticated call on it (MarkAuthenticated; guarded by names_mutex).
   std::string peer_folder;
-  uint64_t peers_bound = 0;
+  std::atomic<uint64_t> peers_bound{0};
   struct UpstreamPeer {
     std::vector<std::string> names;
     bool authenticated = false;
@@ -101,11 +110,15 @@ struct Relay {
   // Evictions in the second that began at eviction_window (at most max(8, max_connections) a second).
   Clock::time_point eviction_window{};
   int evictions_in_window = 0;
-  std::thread thread;
+  std::vector<std::thread> threads;
 
-  bool Blackholed() const { return Clock::now() >= blackhole_from; }
-  bool Stalled(Clock::time_point t) const { return t >= stall_from && t < stall_until; }
+  asio::io_context& NextIo();
+  bool Blackholed() const;
+  bool Stalled(Clock::time_point t) const;
+  Clock::time_point StallUntil() const;
+  double Jitter();  // one draw of the extra delay, in seconds
   void Delivered(size_t n);
+  // Closes every open connection (each on its own thread: at once where that is the caller's).
   void CloseAll();
   void Stall(Clock::time_point from, double seconds);
   // Arms `action` to run once `bytes` more (at least 1) have been delivered.
@@ -117,15 +130,15 @@ struct Relay {
   // Whether `c` may be closed for a newcomer: no byte from the upstream a second after its accept,
   // or (with unauthenticated_seconds) no authenticated call reported that long after it. Needs mutex.
   bool Evictable(const RelayConnection& c, Clock::time_point now) const;
-  // Closes the oldest evictable connection `among` accepts, within the eviction rate; whether it
-  // closed one. Needs mutex.
+  // Closes the oldest evictable connection `among` accepts (on its thread, out of the count at once),
+  // within the eviction rate; whether it closed one. Needs mutex.
   bool EvictFor(const std::function<bool(const RelayConnection&)>& among);
   // Whether `address` may open one more connection now (connections_per_second_per_address); takes
   // it from the address's bucket. Needs mutex.
   bool TakeArrival(const std::string& address, Clock::time_point now);
   void Accept();
-  // An admitted connection: its TLS handshake (when TLS ends here) within the time allowed, then
-  // ConnectUpstream.
+  // An admitted connection, on its own thread: its TLS handshake (when TLS ends here) within the
+  // time allowed, then ConnectUpstream.
   void Handshake(const std::shared_ptr<RelayConnection>& connection);
   // Opens the upstream end (bound to a path of its own under peer_folder, where `names` are
   // recorded for ClientCertificateNames), connects it and starts relaying.
@@ -152,17 +165,18 @@ struct Pipe {
   size_t queued_bytes = 0;
   Clock::time_point bucket_time = Clock::time_point::min();  // GCRA's theoretical arrival time
   Clock::time_point last_due = Clock::time_point::min();
-  uint64_t bytes_read = 0;  // from the sending side, ever
+  std::atomic<uint64_t> bytes_read{0};  // from the sending side, ever (read by the acceptor's thread)
   bool reading = false, writing = false;
   bool ended = false;  // the sending side closed: no more reads
 };
 
 
 struct RelayConnection : std::enable_shared_from_this<RelayConnection> {
-  explicit RelayConnection(Relay& relay)
-      : link(relay), client(relay.io), upstream(relay.io), handshake_timer(relay.io),
-        up(relay.io, client, upstream, relay.link.up_bits_per_second, relay.up),
-        down(relay.io, upstream, client, relay.link.down_bits_per_second, relay.down) {
+  // Every socket and timer of the connection is on `io`, the one thread it lives on.
+  RelayConnection(Relay& relay, asio::io_context& io)
+      : link(relay), client(io), upstream(io), handshake_timer(io),
+        up(io, client, upstream, relay.link.up_bits_per_second, relay.up),
+        down(io, upstream, client, relay.link.down_bits_per_second, relay.down) {
     if (relay.tls) tls.emplace(client, *relay.tls);
     if (relay.link.stream_frames_per_second > 0) {
       guard.emplace(relay.link.stream_frames_per_second, std::max(1.0, relay.link.stream_frame_burst));
@@ -225,10 +239,7 @@ struct RelayConnection : std::enable_shared_from_this<RelayConnection> {
       p.bucket_time = std::max(p.bucket_time, now) + Seconds(static_cast<double>(n) / p.bytes_per_second);
       departs = std::max(now, p.bucket_time - Seconds(static_cast<double>(link.link.burst_bytes) / p.bytes_per_second));
     }
-    double delay = link.link.latency_seconds;
-    if (link.link.jitter_seconds > 0) {
-      delay += std::uniform_real_distribution<double>(0, link.link.jitter_seconds)(link.jitter_rng);
-    }
+    const double delay = link.link.latency_seconds + (link.link.jitter_seconds > 0 ? link.Jitter() : 0);
     p.last_due = std::max(p.last_due, departs + Seconds(delay));  // TCP keeps the order
     p.queue.push_back({std::vector<char>(p.buffer.begin(), p.buffer.begin() + static_cast<std::ptrdiff_t>(n)), p.last_due});
     p.queued_bytes += n;
@@ -239,7 +250,7 @@ struct RelayConnection : std::enable_shared_from_this<RelayConnection> {
     if (p.writing || p.queue.empty() || closed) return;
     p.writing = true;
     Clock::time_point due = p.queue.front().due;
-    if (link.Stalled(std::max(due, Clock::now()))) due = link.stall_until;
+    if (link.Stalled(std::max(due, Clock::now()))) due = link.StallUntil();
     p.timer.expires_at(due);
     auto self = shared_from_this();
     p.timer.async_wait([this, self, &p](boost::system::error_code ec) {
@@ -280,8 +291,7 @@ struct RelayConnection : std::enable_shared_from_this<RelayConnection> {
   }
 
   void Close() {
-    if (closed) return;
-    closed = true;
+    if (closed.exchange(true)) return;
     boost::system::error_code ignored;
     client.close(ignored);
     upstream.close(ignored);
@@ -299,33 +309,71 @@ struct RelayConnection : std::enable_shared_from_this<RelayConnection> {
   std::optional<asio::ssl::stream<Socket&>> tls;  // set: TLS from the client ends here
   std::optional<Http2StreamGuard> guard;           // set: the client's stream frames are counted
   asio::steady_timer handshake_timer;
-  std::string upstream_path;  // where the upstream end is bound (empty: not bound)
-  std::string peer_address;  // the client's IP address; guarded by Relay::mutex
+  // Where the upstream end is bound (empty: not bound); set on the connection's thread under
+  // Relay::names_mutex, which other threads hold to read it.
+  std::string upstream_path;
+  std::string peer_address;  // the client's IP address; set under Relay::mutex before the connection starts
   const Clock::time_point accepted = Clock::now();
   Pipe up, down;
   size_t queue_limit[2] = {0, 0};
-  bool closed = false;
+  std::atomic<bool> closed{false};  // read by the acceptor's thread (Evictable)
 };
 
 }  // namespace
 
 struct TcpRelay::Impl : Relay {};
 
+// Runs `connection`'s Close on its own thread: at once when that is the caller's, else queued.
+void CloseOnItsThread(const std::shared_ptr<RelayConnection>& connection) {
+  asio::dispatch(connection->client.get_executor(), [connection] { connection->Close(); });
+}
+
+asio::io_context& Relay::NextIo() {
+  const size_t i = next_io++ % (more_io.size() + 1);
+  return i == 0 ? io : *more_io[i - 1];
+}
+
+bool Relay::Blackholed() const {
+  std::lock_guard<std::mutex> lock(faults_mutex);
+  return Clock::now() >= blackhole_from;
+}
+
+bool Relay::Stalled(Clock::time_point t) const {
+  std::lock_guard<std::mutex> lock(faults_mutex);
+  return t >= stall_from && t < stall_until;
+}
+
+Clock::time_point Relay::StallUntil() const {
+  std::lock_guard<std::mutex> lock(faults_mutex);
+  return stall_until;
+}
+
+double Relay::Jitter() {
+  std::lock_guard<std::mutex> lock(faults_mutex);
+  return std::uniform_real_distribution<double>(0, link.jitter_seconds)(jitter_rng);
+}
+
 void Relay::Delivered(size_t n) {
-  if (fault_budget < 0) return;
-  fault_budget -= static_cast<int64_t>(std::min<size_t>(n, static_cast<size_t>(fault_budget)));
-  if (fault_budget == 0) {
+  std::function<void()> strike;
+  {
+    std::lock_guard<std::mutex> lock(faults_mutex);
+    if (fault_budget < 0) return;
+    fault_budget -= static_cast<int64_t>(std::min<size_t>(n, static_cast<size_t>(fault_budget)));
+    if (fault_budget != 0) return;
     fault_budget = -1;
-    fault();
+    strike = std::move(fault);
   }
+  strike();  // outside the lock: a stall takes it again
 }
 
 void Relay::Stall(Clock::time_point from, double seconds) {
+  std::lock_guard<std::mutex> lock(faults_mutex);
   stall_from = from;
   stall_until = from + Seconds(seconds);
 }
 
 void Relay::ArmFault(uint64_t bytes, std::function<void()> action) {
+  std::lock_guard<std::mutex> lock(faults_mutex);
   fault_budget = static_cast<int64_t>(std::max<uint64_t>(1, bytes));
   fault = std::move(action);
 }
@@ -334,17 +382,16 @@ void Relay::CloseAll() {
   ++reset_count;
   std::lock_guard<std::mutex> lock(mutex);
   for (auto& c : connections) {
-    if (auto connection = c.lock()) connection->Close();
+    if (auto connection = c.lock()) CloseOnItsThread(connection);
   }
 }
 
 bool Relay::Evictable(const RelayConnection& c, Clock::time_point now) const {
   if (c.closed) return false;
   if (c.down.bytes_read == 0 && now - c.accepted >= kEvictableAfter) return true;  // no byte from the upstream yet
-  if (link.unauthenticated_seconds <= 0 || c.upstream_path.empty() || now - c.accepted < Seconds(link.unauthenticated_seconds)) {
-    return false;
-  }
+  if (link.unauthenticated_seconds <= 0 || now - c.accepted < Seconds(link.unauthenticated_seconds)) return false;
   std::lock_guard<std::mutex> lock(names_mutex);
+  if (c.upstream_path.empty()) return false;
   const auto peer = peers_by_path.find(c.upstream_path);
   return peer == peers_by_path.end() || !peer->second.authenticated;
 }
@@ -365,7 +412,7 @@ bool Relay::EvictFor(const std::function<bool(const RelayConnection&)>& among) {
   if (oldest == connections.end()) return false;
   ++evictions_in_window;
   ++refused;
-  oldest->lock()->Close();
+  CloseOnItsThread(oldest->lock());
   connections.erase(oldest);
   return true;
 }
@@ -416,7 +463,7 @@ bool Relay::Admit(const std::shared_ptr<RelayConnection>& connection) {
 }
 
 void Relay::Accept() {
-  auto connection = std::make_shared<RelayConnection>(*this);
+  auto connection = std::make_shared<RelayConnection>(*this, NextIo());
   acceptor.async_accept(connection->client, [this, connection](boost::system::error_code ec) {
     if (ec == asio::error::operation_aborted || !acceptor.is_open()) return;  // the relay is stopping
     if (ec) {  // out of file descriptors (EMFILE, ENFILE) or memory: pause, then listen on
@@ -430,15 +477,16 @@ void Relay::Accept() {
     }
     if (!Admit(connection)) {
       ++refused;
-      connection->Close();
+      connection->Close();  // nothing of it has run on its thread yet
       return Accept();
     }
-    Handshake(connection);
+    asio::dispatch(connection->client.get_executor(), [this, connection] { Handshake(connection); });
     Accept();
   });
 }
 
 void Relay::Handshake(const std::shared_ptr<RelayConnection>& connection) {
+  if (connection->closed) return;  // closed (evicted, the relay stopping) before its thread took it up
   if (!connection->tls) return ConnectUpstream(connection, {});
   connection->handshake_timer.expires_after(Seconds(link.tls_handshake_seconds));
   connection->handshake_timer.async_wait([connection](boost::system::error_code ec) {
@@ -462,8 +510,8 @@ void Relay::ConnectUpstream(const std::shared_ptr<RelayConnection>& connection, 
                    bound.path(), ec.message());
       return connection->Close();
     }
-    connection->upstream_path = bound.path();
     std::lock_guard<std::mutex> lock(names_mutex);
+    connection->upstream_path = bound.path();
     peers_by_path[bound.path()] = UpstreamPeer{std::move(names)};
   }
   connection->upstream.async_connect(upstream, [connection](boost::system::error_code ec) {
@@ -505,6 +553,8 @@ void TcpRelay::Start(const LinkOptions& link, const std::string& listen) {
               link.jitter_seconds >= 0 && link.stall_seconds >= 0 && link.burst_bytes > 0 && link.max_connections >= 0,
           ErrorCode::kInvalidArgument,
           "link rates, delays, the burst and max_connections must not be negative (0 rate or 0 connections: unlimited)");
+  Require(link.threads >= 1 && link.threads <= 64, ErrorCode::kInvalidArgument,
+          "the relay's threads must be 1 to 64, not " + std::to_string(link.threads) + ": about one per core that serves clients");
   Require(link.stream_frames_per_second >= 0 && link.tls_handshake_seconds > 0 && link.unauthenticated_seconds >= 0 &&
               link.connections_per_second_per_address >= 0,
           ErrorCode::kInvalidArgument,
@@ -538,7 +588,17 @@ void TcpRelay::Start(const LinkOptions& link, const std::string& listen) {
   if (!ec) impl_->acceptor.listen(asio::socket_base::max_listen_connections, ec);
   Require(!ec, ErrorCode::kUnavailable, "cannot listen on " + listen + ": " + ec.message() + ": choose a free port");
   impl_->Accept();
-  impl_->thread = std::thread([this] { impl_->io.run(); });
+  for (int i = 0; i < link.threads; ++i) {
+    if (i > 0) {
+      impl_->more_io.push_back(std::make_unique<asio::io_context>(1));
+      impl_->keep_running.push_back(asio::make_work_guard(*impl_->more_io.back()));
+    }
+    asio::io_context& io = i == 0 ? impl_->io : *impl_->more_io.back();
+    impl_->threads.emplace_back([&io, i] {
+      pthread_setname_np(pthread_self(), ("relay-" + std::to_string(i)).c_str());  // as top -H and /proc show it
+      io.run();
+    });
+  }
 }
 
 TcpRelay::~TcpRelay() {
@@ -548,10 +608,11 @@ TcpRelay::~TcpRelay() {
     impl_->reset_timer.cancel();
     impl_->accept_retry.cancel();
     impl_->CloseAll();
+    impl_->keep_running.clear();  // the further threads stop once the closes queued on them have run
   });
   // With the acceptor, every socket and every timer closed, each pending handler completes with an
-  // error and starts nothing new, so the thread's run() returns: nothing is destroyed under asio.
-  impl_->thread.join();
+  // error and starts nothing new, so each thread's run() returns: nothing is destroyed under asio.
+  for (std::thread& t : impl_->threads) t.join();
 }
 
 uint16_t TcpRelay::port() const { return impl_->acceptor.local_endpoint().port(); }
@@ -598,7 +659,10 @@ void TcpRelay::StallAfter(uint64_t more_bytes, double seconds) {
 }
 
 void TcpRelay::Blackhole(bool on) {
-  asio::post(impl_->io, [this, on] { impl_->blackhole_from = on ? Clock::now() : Clock::time_point::max(); });
+  asio::post(impl_->io, [this, on] {
+    std::lock_guard<std::mutex> lock(impl_->faults_mutex);
+    impl_->blackhole_from = on ? Clock::now() : Clock::time_point::max();
+  });
 }
 
 }  // namespace amaq

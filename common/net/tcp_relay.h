@@ -5,7 +5,9 @@
 // emulator (amaq-netem, tests): each direction is a token bucket of the given rate followed by a
 // one-way delay with jitter (order kept, as on TCP), and scheduled or on-demand faults close every
 // connection, hold all traffic for a while, or silently drop everything. Bytes are counted when
-// they are delivered to the far side. All of its work runs on one internal thread.
+// they are delivered to the far side. Its work runs on `threads` internal threads (one by default):
+// each connection on one of them, given in turn, so a server's front door ends many clients' TLS
+// on several cores.
 // Clients always arrive over TCP; the upstream is a TCP host:port or a Unix domain socket (the
 // server's gRPC listens on one behind its front door, out of reach of other local users).
 // As the server's front door it may also end the clients' TLS itself (the upstream then gets plain
@@ -56,6 +58,9 @@ struct LinkOptions {
   // whatever the client does, once what the upstream sent is delivered (false: pass the EOF on and
   // wait for the client's, as TCP's half-close does).
   bool close_with_upstream = false;
+  // Threads that carry connections (1 to 64), named relay-0, relay-1, ...: relay-0 also accepts,
+  // admits (the limits above) and times the scheduled faults.
+  int threads = 1;
   // The server's front door. With tls.cert and tls.key set, TLS ends here (HTTP/2 by ALPN; with
   // tls.ca, only clients with a certificate that CA signed); a client that has not completed its
   // handshake within tls_handshake_seconds is closed.
@@ -105,7 +110,7 @@ class TcpRelay {
   // effect for a path no open connection has. Thread-safe.
   void MarkAuthenticated(const std::string& upstream_peer_path);
 
-  // Faults on demand (they act on the relay's thread, shortly after the call):
+  // Faults on demand (they act on the first thread, relay-0, shortly after the call):
   void ResetConnections();                 // close every open connection, as a dropped link would
   void ResetAfter(uint64_t more_bytes);    // ... once this many more bytes have been delivered
   void Stall(double seconds);              // hold all traffic from now for this long
