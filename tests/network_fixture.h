@@ -48,6 +48,12 @@ class Network : public ::testing::Test {
     tokens_ = new std::string(*certs_ + "/tokens");
     std::ofstream(*tokens_) << "client-1 " << kToken1 << "\nclient-2 " << kToken2 << "\noperator " << kAdminToken << " admin\n";
   }
+  // The model and certificates are scaffolding, not evidence (a test's own folders, with its
+  // server's log, stay for inspection): they go, so that each test process leaves no copy behind.
+  static void TearDownTestSuite() {
+    std::filesystem::remove_all(*model_);
+    std::filesystem::remove_all(*certs_);
+  }
 
   void StartServer(const std::string& checkpoint_dir = "", int port = 0) {
     server::ServerOptions o = testing::TinyServerOptions(*model_);
