@@ -9,7 +9,6 @@
 //   bench_handshake_flood [SERVER_BINARY] [MODEL_DIR] [SECONDS] [THREAD COUNTS, e.g. 1,2] [ATTACKERS]
 //   (defaults: build/bin/amaq-server models/amaq-base 10 1,2 32)
 #include <openssl/ssl.h>
-#include <unistd.h>
 
 #include <boost/asio.hpp>
 
@@ -19,7 +18,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <sstream>
 #include <thread>
 
@@ -60,26 +58,6 @@ std::string RecordedClientHello() {
 double Percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
-}
-
-// CPU seconds (user + system) of each thread of `pid` named relay-N, by name.
-std::map<std::string, double> RelayThreadSeconds(int pid) {
-  std::map<std::string, double> seconds;
-  const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
-  for (const auto& task : std::filesystem::directory_iterator(tasks)) {
-    std::string name;
-    std::getline(std::ifstream(task.path() / "comm"), name);
-    if (name.rfind("relay-", 0) != 0) continue;
-    std::string stat;
-    std::getline(std::ifstream(task.path() / "stat"), stat);
-    std::istringstream fields(stat.substr(stat.rfind(')') + 2));  // after "pid (comm) "
-    std::string skip;
-    for (int i = 0; i < 11; ++i) fields >> skip;  // state .. cmajflt: fields 3-13
-    double user = 0, system = 0;
-    fields >> user >> system;
-    seconds[name] = (user + system) / static_cast<double>(sysconf(_SC_CLK_TCK));
-  }
-  return seconds;
 }
 
 struct JoinTimes {
@@ -175,23 +153,17 @@ int main(int argc, char** argv) {
           }
         });
       }
-      const auto cpu_before = RelayThreadSeconds(server.pid());
+      const auto cpu_before = testing::ThreadCpuSeconds(server.pid(), "relay-");
       const auto start = Clock::now();
       const JoinTimes joins = JoinRepeatedly(g, model, data, start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds)));
       const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-      const auto cpu_after = RelayThreadSeconds(server.pid());
+      const auto cpu_after = testing::ThreadCpuSeconds(server.pid(), "relay-");
       stop = true;
       for (std::thread& t : attackers) t.join();
-      std::string cpu;
-      for (const auto& [name, s] : cpu_after) {
-        char share[64];
-        const double was = cpu_before.count(name) ? cpu_before.at(name) : 0;
-        std::snprintf(share, sizeof(share), "%s%s %.0f%%", cpu.empty() ? "" : ", ", name.c_str(), 100 * (s - was) / elapsed);
-        cpu += share;
-      }
       std::printf("%8d %-6s %6zu %8.1f %8.1f %8.1f %7d %10.0f %s\n", threads, flood ? "yes" : "no", joins.ms.size(),
                   Percentile(joins.ms, 0.5), Percentile(joins.ms, 0.9), joins.ms.empty() ? 0 : *std::max_element(joins.ms.begin(), joins.ms.end()),
-                  joins.failed, static_cast<double>(flights) / elapsed, cpu.c_str());
+                  joins.failed, static_cast<double>(flights) / elapsed,
+                  testing::ThreadCpuShares(cpu_before, cpu_after, elapsed).c_str());
       std::fflush(stdout);
     }
   }

@@ -2,9 +2,10 @@
 // concurrent clients, each a thread of this program with its own gRPC channel, each running a
 // bounded number of WordNet training steps. Reports steps/s over all clients, p50/p99 step
 // latency, the server's resident memory (VmRSS at the end, VmHWM peak, from /proc) and the steps
-// that failed; every step must be applied exactly once (the server's Status agrees).
-//   bench_load [SERVER_BINARY] [MODEL_DIR] [DATA_DIR] [STEPS]
-//   (defaults: build/bin/amaq-server models/amaq-base data 20)
+// that failed, and each front door thread's share of a core (relay-N, /proc); every step must be
+// applied exactly once (the server's Status agrees).
+//   bench_load [SERVER_BINARY] [MODEL_DIR] [DATA_DIR] [STEPS] [FRONT_DOOR_THREADS]
+//   (defaults: build/bin/amaq-server models/amaq-base data 20 1)
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
@@ -51,6 +52,7 @@ int main(int argc, char** argv) {
   const std::string model = argc > 2 ? argv[2] : "models/amaq-base";
   const std::string data = argc > 3 ? argv[3] : "data";
   const int64_t steps = argc > 4 ? std::stoll(argv[4]) : 20;
+  const std::string front_door_threads = argc > 5 ? argv[5] : "1";
   SetComputeThreads(1);
   const std::string work = (std::filesystem::temp_directory_path() / "amaq-bench-load").string();
   std::filesystem::remove_all(work);
@@ -58,23 +60,25 @@ int main(int argc, char** argv) {
   Dataset wordnet = LoadWordNetTopics(data);
   wordnet.train.resize(2000);
 
-  std::printf("load test: %lld steps per client, TLS on loopback, server threads 1, %u cores; the last round sends "
-              "large bf16 steps (batch 512: ~10 MiB up and down a step) to show the server returning memory\n",
-              static_cast<long long>(steps), std::thread::hardware_concurrency());
-  std::printf("%8s %-10s %6s %10s %10s %10s %14s %14s %8s %8s\n", "clients", "method", "batch", "steps/s", "p50 ms", "p99 ms",
-              "server RSS MiB", "server peak MiB", "failed", "applied");
+  std::printf("load test: %lld steps per client, TLS on loopback, server threads 1, front door threads %s, %u cores; "
+              "the last round sends large bf16 steps (batch 512: ~10 MiB up and down a step) to show the server returning "
+              "memory\n",
+              static_cast<long long>(steps), front_door_threads.c_str(), std::thread::hardware_concurrency());
+  std::printf("%8s %-10s %6s %10s %10s %10s %14s %14s %8s %8s  %s\n", "clients", "method", "batch", "steps/s", "p50 ms", "p99 ms",
+              "server RSS MiB", "server peak MiB", "failed", "applied", "front door CPU");
   struct Round {
     int clients;
     const char* method;
     int64_t batch;
   };
-  for (const Round round : {Round{1, "amaq:8->3", 16}, Round{8, "amaq:8->3", 16}, Round{16, "amaq:8->3", 16}, Round{1, "bf16", 512}}) {
+  for (const Round round : {Round{1, "amaq:8->3", 16}, Round{8, "amaq:8->3", 16}, Round{16, "amaq:8->3", 16},
+                            Round{16, "bf16", 16}, Round{1, "bf16", 512}}) {
     const int clients = round.clients;
     const std::string port_file = work + "/port";
     std::filesystem::remove(port_file);
     testing::Process server({server_binary, "--model", model, "--listen", "127.0.0.1:0", "--port_file", port_file,
                              "--tls_cert", work + "/server.pem", "--tls_key", work + "/server.key", "--shared_lora",
-                             "--threads", "1", "--log_level", "warn"},
+                             "--threads", "1", "--front_door_threads", front_door_threads, "--log_level", "warn"},
                             work + "/server.log");
     if (!testing::WaitFor([&] { return std::filesystem::exists(port_file) && std::filesystem::file_size(port_file) > 0; }, 120)) {
       std::fprintf(stderr, "bench_load: the server did not start:\n%s\n", server.Log().c_str());
@@ -88,6 +92,7 @@ int main(int argc, char** argv) {
     g.tls.ca = work + "/ca.pem";
     std::vector<std::vector<client::StepRecord>> records(static_cast<size_t>(clients));
     std::atomic<int> failed{0};
+    const auto cpu_before = testing::ThreadCpuSeconds(server.pid(), "relay-");
     const auto start = std::chrono::steady_clock::now();
     std::vector<std::thread> threads;
     for (int i = 0; i < clients; ++i) {
@@ -114,15 +119,16 @@ int main(int argc, char** argv) {
     }
     for (auto& t : threads) t.join();
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const auto cpu_after = testing::ThreadCpuSeconds(server.pid(), "relay-");
     std::vector<double> latency;
     for (const auto& r : records) {
       for (const auto& s : r) latency.push_back(s.seconds * 1e3);
     }
     std::this_thread::sleep_for(std::chrono::seconds(1));  // the clients' streams have ended on the server
-    std::printf("%8d %-10s %6lld %10.2f %10.1f %10.1f %14.0f %14.0f %8d %8lld\n", clients, round.method,
+    std::printf("%8d %-10s %6lld %10.2f %10.1f %10.1f %14.0f %14.0f %8d %8lld  %s\n", clients, round.method,
                 static_cast<long long>(round.batch), static_cast<double>(latency.size()) / seconds, Percentile(latency, 0.5), Percentile(latency, 0.99),
                 testing::ProcStatusMiB(server.pid(), "VmRSS"), testing::ProcStatusMiB(server.pid(), "VmHWM"), failed.load(),
-                static_cast<long long>(AppliedSteps(g)));
+                static_cast<long long>(AppliedSteps(g)), testing::ThreadCpuShares(cpu_before, cpu_after, seconds).c_str());
     std::fflush(stdout);
   }
   return 0;

@@ -9,7 +9,10 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
+#include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -71,6 +74,38 @@ inline double ProcStatusMiB(int pid, const std::string& field) {
     if (line.rfind(field + ":", 0) == 0) return std::stod(line.substr(field.size() + 1)) / 1024;
   }
   return 0;
+}
+
+// CPU seconds (user + system) of each thread of process `pid` whose name starts with `prefix`
+// ("relay-": the server's front door threads), by thread name, from /proc/PID/task.
+inline std::map<std::string, double> ThreadCpuSeconds(int pid, const std::string& prefix) {
+  std::map<std::string, double> seconds;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task")) {
+    std::string name, stat;
+    std::getline(std::ifstream(task.path() / "comm"), name);
+    if (name.rfind(prefix, 0) != 0) continue;
+    std::getline(std::ifstream(task.path() / "stat"), stat);
+    std::istringstream fields(stat.substr(stat.rfind(')') + 2));  // after "pid (comm) "
+    std::string skip;
+    for (int i = 0; i < 11; ++i) fields >> skip;  // state .. cmajflt: fields 3-13
+    double user = 0, system = 0;
+    fields >> user >> system;
+    seconds[name] += (user + system) / static_cast<double>(sysconf(_SC_CLK_TCK));
+  }
+  return seconds;
+}
+
+// Each thread's share of a core between two ThreadCpuSeconds readings `seconds` apart, as
+// "relay-0 95%, relay-1 3%".
+inline std::string ThreadCpuShares(const std::map<std::string, double>& before, const std::map<std::string, double>& after,
+                                   double seconds) {
+  std::string shares;
+  for (const auto& [name, s] : after) {
+    const auto was = before.find(name);
+    shares += (shares.empty() ? "" : ", ") + name + " " +
+              std::to_string(static_cast<int>(std::lround(100 * (s - (was == before.end() ? 0 : was->second)) / seconds))) + "%";
+  }
+  return shares;
 }
 
 // Waits up to `seconds` for `done()`; returns whether it became true.
