@@ -122,12 +122,11 @@ int main(int argc, char** argv) {
                              "--tls_cert", work + "/server.pem", "--tls_key", work + "/server.key", "--threads", "1",
                              "--front_door_threads", std::to_string(threads), "--log_level", "warn"},
                             work + "/server.log");
-    if (!testing::WaitFor([&] { return std::filesystem::exists(port_file) && std::filesystem::file_size(port_file) > 0; }, 120)) {
+    const int port = testing::WaitForPortFile(port_file, 120);
+    if (port == 0) {
       std::fprintf(stderr, "bench_handshake_flood: the server did not start:\n%s\n", server.Log().c_str());
       return 1;
     }
-    int port = 0;
-    std::ifstream(port_file) >> port;
     client::GrpcOptions g;
     g.server = "127.0.0.1:" + std::to_string(port);
     g.server_name = "localhost";

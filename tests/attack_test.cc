@@ -440,9 +440,8 @@ TEST_F(Network, ConnectionFloodPastTheOpenFilesLimitLeavesTheServerServing) {
                               "/server.pem --tls_key " + *certs_ + "/server.key --tokens_file " + *tokens_ +
                               " --threads 1";
   testing::Process server({"/bin/sh", "-c", command}, dir + "/server.log");
-  ASSERT_TRUE(testing::WaitFor([&] { return std::filesystem::exists(port_file) && std::filesystem::file_size(port_file) > 0; }, 60))
-      << server.Log();
-  std::ifstream(port_file) >> port_;
+  port_ = testing::WaitForPortFile(port_file, 60);
+  ASSERT_GT(port_, 0) << server.Log();
   std::vector<int> flood;
   for (int i = 0; i < 400; ++i) {
     const int fd = ::socket(AF_INET, SOCK_STREAM, 0);

@@ -57,9 +57,8 @@ class Crashes : public testing::Network {
                                  "--tokens_file", *tokens_, "--checkpoint_dir", dir_ + "/" + name,
                                  "--checkpoint_every", std::to_string(checkpoint_every), "--threads", "1"},
         dir_ + "/" + name + ".log");
-    EXPECT_TRUE(WaitFor([&] { return std::filesystem::exists(port_file) && std::filesystem::file_size(port_file) > 0; }, 60))
-        << p->Log();
-    std::ifstream(port_file) >> port_;
+    port_ = testing::WaitForPortFile(port_file, 60);
+    EXPECT_GT(port_, 0) << p->Log();
     return p;
   }
 

@@ -137,10 +137,8 @@ class Network : public ::testing::Test {
                                      *certs_ + "/server.key", "--tokens_file", *tokens_, "--threads", "1"};
     args.insert(args.end(), extra.begin(), extra.end());
     auto server = std::make_unique<testing::Process>(args, dir + "/server.log");
-    const bool started = testing::WaitFor(
-        [&] { return std::filesystem::exists(port_file) && std::filesystem::file_size(port_file) > 0; }, 60);
-    EXPECT_TRUE(started) << server->Log();
-    if (started) std::ifstream(port_file) >> port_;
+    port_ = testing::WaitForPortFile(port_file, 60);
+    EXPECT_GT(port_, 0) << "the server wrote no port:\n" << server->Log();
     return server;
   }
 

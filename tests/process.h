@@ -76,6 +76,20 @@ inline double ProcStatusMiB(int pid, const std::string& field) {
   return 0;
 }
 
+// The port a program wrote to `port_file` (its --port_file: the number and a newline), once the
+// whole line is there, within `seconds`; 0 if it never was.
+inline int WaitForPortFile(const std::string& port_file, double seconds) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  for (;;) {
+    std::stringstream text;
+    text << std::ifstream(port_file).rdbuf();
+    int port = 0;
+    if (text.str().find('\n') != std::string::npos && text >> port && port > 0) return port;
+    if (std::chrono::steady_clock::now() > until) return 0;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 // CPU seconds (user + system) of each thread of process `pid` whose name starts with `prefix`
 // ("relay-": the server's front door threads), by thread name, from /proc/PID/task.
 inline std::map<std::string, double> ThreadCpuSeconds(int pid, const std::string& prefix) {
