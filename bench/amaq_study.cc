@@ -161,7 +161,7 @@ int Run(const Config& c) {
   j["compute_dtype"] = o.compute_dtype;
   j["steps"] = steps;
   j["batch"] = o.batch;
-  j["micro_batches"] = o.micro_batches;  // parts per step: their codec messages are counted in the bytes
+  j["micro_batches"] = r[steps - 1].parts;  // parts per step (auto in one process: 1): their codec messages are counted in the bytes
   j["one_step_stale"] = o.one_step_stale;
   j["eval_split"] = c.String("eval_split");
   j["eval_examples"] = eval_examples;

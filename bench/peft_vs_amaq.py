@@ -11,8 +11,8 @@ bytes / (hidden * 4)). peft: the same model (the directory's safetensors, fp32) 
 LoraConfig(r=16, lora_alpha=32, the same seven targets), AdamW at 0.002, one training step
 (forward with labels, backward, optimizer step) on random token batches of exactly amaq's shapes,
 step for step. The first WARMUP steps of each are not timed. amaq runs once per variant (VARIANTS:
-fp32 compute over fp32 base weights, bf16 compute, an NF4 base, both, and one micro-batch a step
-instead of 4), each with the CPU time its process used over its wall time (load included: how many
+fp32 compute over fp32 base weights, bf16 compute, an NF4 base, both, and 4 micro-batches a step
+instead of the default's whole steps in one process), each with the CPU time its process used over its wall time (load included: how many
 cores it kept busy). Prints one JSON line per (side, variant, threads) and a markdown table; run it
 on a quiet machine (it measures wall time).
 """
@@ -38,7 +38,7 @@ VARIANTS = {
     "bf16-compute": ["--compute_dtype=bf16"],
     "nf4": ["--base_weights=nf4"],
     "nf4+bf16-compute": ["--base_weights=nf4", "--compute_dtype=bf16"],
-    "fp32-1-micro-batch": ["--micro_batches=1"],
+    "fp32-4-micro-batches": ["--micro_batches=4"],  # the default until auto (1 in one process)
 }
 
 

@@ -9,6 +9,7 @@
 #include "common/model/lora_keys.h"
 #include "common/base/option_keys.h"
 #include "common/base/program.h"
+#include "common/base/split_step.h"
 #include "common/net/host_port.h"
 #include "common/text/user_data.h"
 #include "quant/method.h"
@@ -17,6 +18,17 @@
 namespace amaq::client {
 
 namespace {
+
+void AddMicroBatchesKey(Config& c, const int64_t& fallback) {
+  c.AddString("micro_batches", fallback == MicroBatchChoice::kAuto ? "auto" : std::to_string(fallback),
+              "send each step in this many parts of its rows (1 to " + std::to_string(kMaxMicroBatches) +
+                  "), each sent as soon as it is computed, so that transfers overlap compute; the server adds their "
+                  "gradients up and applies the step once. auto: 1 in one process; over a network the count (1, 2, 4 "
+                  "or 8) whose first steps took least time, measured again after a reconnection; a run that must repeat "
+                  "bit for bit names a count. Whole steps where the server trains one shared LoRA (docs/protocol.md)");
+}
+
+int64_t MicroBatchesFrom(const Config& c) { return ParseMicroBatches(c.String("micro_batches")); }
 
 // The keys that set ClientOptions fields (common/base/option_keys.h): their defaults are the struct's.
 template <typename Keys>
@@ -33,7 +45,7 @@ void ClientOptionKeys(Keys& keys) {
               {"fp32", "bf16"});
   keys.Int("steps", &O::steps, "training steps", 0, INT64_MAX);
   keys.Int("batch", &O::batch, "sequences per step", 1, 1 << 20);
-  keys.Int("micro_batches", &O::micro_batches, "send each step in this many parts of its rows, each sent as soon as it is computed, so that transfers overlap compute; the server adds their gradients up and applies the step once; whole steps where the server trains one shared LoRA (docs/protocol.md)", 1, kMaxMicroBatches);
+  keys.Group(&O::micro_batches, AddMicroBatchesKey, MicroBatchesFrom);
   keys.Bool("one_step_stale", &O::one_step_stale, "begin each step while the previous one is in flight (PipeDream-style weight stashing): its forward and gradient use the client's weights from before the previous step's update; faster on slow links, not the serial step's result (docs/protocol.md)");
   keys.Int("max_tokens", &O::max_tokens, "longest sequence (prompt cut from the left)", 4, 1 << 20);
   keys.Group(&O::lora, AddLoraKeys, LoraFromConfig);

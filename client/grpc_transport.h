@@ -52,6 +52,7 @@ class GrpcTransport : public Transport {
   bool server_decodes_with_cache() const override { return server_decode_cache_; }
   bool server_takes_micro_batches() const override { return server_micro_batches_; }
   bool server_scores_targets() const override { return server_score_targets_; }
+  bool over_network() const override { return true; }
   uint64_t bytes_up() const override;
   uint64_t bytes_down() const override;
   // The relay in front of the channel (null without metering): tests use it to break the link.

@@ -74,6 +74,7 @@ SplitClient::SplitClient(ClientOptions options, Dataset data, Transport& transpo
           "forward; turn one of them off");
   Require(options_.merged_out.empty() || !options_.adapter_out.empty(), ErrorCode::kInvalidArgument,
           "merged_out is set but adapter_out is not: set adapter_out too (the merged model is built from the adapter)");
+  parts_ = MicroBatchChoice(options_.micro_batches, options_.batch, transport_.over_network());
   tokenizer_ = Tokenizer::Load(options_.model_dir, ParseSpecialTokens(options_.special_tokens));
   encoder_ = std::make_unique<ExampleEncoder>(*tokenizer_, config_.bos_token_id, config_.eos_token_id, options_.max_tokens);
   WarnOfCutExamples();
@@ -129,10 +130,10 @@ int64_t SplitClient::Join() {
       transport_.Join(JoinInfo{options_.client_id, fingerprint_, options_.cut_layer, method_->ToString(), run_, run_start_});
   run_start_ = RunStart::kContinue;  // the server holds this run now: a rejoin continues it
   codec_->Reset();
-  ++joins_;
-  if (options_.micro_batches > 1 && !transport_.server_takes_micro_batches()) {
-    spdlog::info("client {}: the server takes whole steps only (it trains one shared LoRA): steps go whole, not in {} parts",
-                 options_.client_id, options_.micro_batches);
+  if (++joins_ > 1) parts_.Remeasure();  // the new connection may take another path
+  if (options_.micro_batches != 1 && !transport_.server_takes_micro_batches()) {
+    spdlog::info("client {}: the server takes whole steps only (it trains one shared LoRA): steps go whole, not in parts",
+                 options_.client_id);
   }
   return last + 1;
 }
@@ -173,7 +174,7 @@ std::vector<SplitClient::Part> SplitClient::PartsOf(const Batch& b) const {
   const int64_t rows = labelled.size(0);
   const int64_t* per_row = labelled.data_ptr<int64_t>();
   const int64_t total = std::accumulate(per_row, per_row + rows, int64_t{0});
-  const int64_t most = transport_.server_takes_micro_batches() ? options_.micro_batches : 1;
+  const int64_t most = transport_.server_takes_micro_batches() ? parts_.Next() : 1;
   for (int64_t n = std::min(most, rows); n > 1; --n) {
     std::vector<Part> parts;
     for (int64_t k = 0; k < n; ++k) {
@@ -201,6 +202,7 @@ struct SplitClient::InFlight {
   // before the one ahead of it applied its update); empty: the forward used the weights themselves.
   std::vector<torch::Tensor> stashed;
   int64_t join = 0;                  // the join whose stream its parts went out on
+  int64_t parts_asked = 1;           // parts_.Next() when it began
   std::optional<std::string> unsent;  // why its parts stopped going out (a broken link)
   double bits_times_rows = 0;
   StepRecord r;
@@ -246,6 +248,7 @@ SplitClient::InFlight SplitClient::Begin(int64_t step, bool stash) {
   f.started = Clock::now();
   part_->train();
   f.batch = BatchFor(step);
+  f.parts_asked = parts_.Next();
   f.parts = PartsOf(f.batch);
   f.join = joins_;
   f.r.step = step;
@@ -348,6 +351,12 @@ StepRecord SplitClient::Finish(InFlight& f) {
   // The parts overlap: the network's share is what the step's time leaves to the rest (0 when it
   // hid entirely behind compute).
   r.network_seconds = std::max(0.0, r.seconds - r.client_seconds - r.encode_seconds - r.server_seconds);
+  r.parts = static_cast<int64_t>(f.parts.size());
+  // Measured: steps computed and sent whole on one connection (not replays the server answers from its store).
+  if (!lost && r.applied && transport_.server_takes_micro_batches() && !parts_.chosen()) {
+    parts_.Took(f.parts_asked, r.seconds);
+    if (parts_.chosen()) spdlog::info("client {}: micro_batches auto: {}", options_.client_id, parts_.Describe());
+  }
   r.wire_up = transport_.bytes_up();
   r.wire_down = transport_.bytes_down();
   records_.push_back(r);

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "client/cut_statistics.h"
+#include "client/micro_batch_choice.h"
 #include "client/transport.h"
 #include "common/base/env.h"
 #include "common/model/batching.h"
@@ -64,7 +65,9 @@ struct ClientOptions {
   double max_grad_norm = 0;      // clip the client LoRA's gradient norm per step (0: no clipping)
   int64_t steps = 200;
   int64_t batch = 16;
-  int64_t micro_batches = 4;     // parts each step is sent in (at most batch; 1 where the server takes whole steps only)
+  // Parts each step is sent in (at most batch; 1 where the server takes whole steps only), or
+  // MicroBatchChoice::kAuto: the count whose measured step times are least (client/micro_batch_choice.h).
+  int64_t micro_batches = MicroBatchChoice::kAuto;
   bool one_step_stale = false;   // begin each step's forward before the previous step's update (SplitClient)
   int64_t max_tokens = 64;
   uint64_t seed = 1;
@@ -112,6 +115,7 @@ struct StepRecord {
   double average_bits = 0;
   quant::ByteCount up, down;      // codec bytes of this step's activation and gradient
   uint64_t wire_up = 0, wire_down = 0;  // transport bytes so far
+  int64_t parts = 1;              // the micro-batches it was sent in
   double seconds = 0;             // wall time of the step, of which:
   double client_seconds = 0;      //   client forward and backward
   double encode_seconds = 0;      //   compressing the activation, decoding the gradient
@@ -170,7 +174,7 @@ class SplitClient {
     int64_t begin, end;
     float share;
   };
-  // The step's rows in at most micro_batches parts of nearly equal rows, each with a label to learn.
+  // The step's rows in at most parts_.Next() parts of nearly equal rows, each with a label to learn.
   std::vector<Part> PartsOf(const Batch& b) const;
   struct InFlight;
   // Forwards step `step`'s parts and sends each as it is ready (`stash`: forward with a copy of
@@ -246,6 +250,7 @@ class SplitClient {
   std::vector<torch::Tensor> last_update_;
   int64_t evaluation_tokens_ = 0;
   double last_evaluation_seconds_ = 0;
+  MicroBatchChoice parts_{MicroBatchChoice::kAuto, 1, false};  // options_.micro_batches for this transport
   int64_t joins_ = 0;        // joins so far: a step sent on an earlier join's stream was lost with it
   std::chrono::steady_clock::time_point finished_at_;  // when the last step finished
 };

@@ -36,6 +36,9 @@ class Transport {
   virtual bool server_takes_micro_batches() const { return true; }
   // Whether the server joined last scores SCORE steps' targets (StepInput::targets).
   virtual bool server_scores_targets() const { return true; }
+  // Whether steps cross a network link to the server (not calls within this process): only then
+  // can sending a step in parts overlap transfers with compute (MicroBatchChoice).
+  virtual bool over_network() const { return false; }
   // Bytes sent and received so far, as the transport measures them (the sockets, for gRPC).
   virtual uint64_t bytes_up() const = 0;
   virtual uint64_t bytes_down() const = 0;

@@ -62,7 +62,8 @@ class Crashes : public testing::Network {
     return p;
   }
 
-  // A client with amaq-client's default checkpoints (every step); `run` names its CSV, log,
+  // A client with amaq-client's default checkpoints (every step) and a fixed micro-batch count (auto's
+  // depends on timing; runs here are compared byte for byte); `run` names its CSV, log,
   // checkpoint_dir and adapter (its client id by default).
   std::unique_ptr<Process> Client(const std::string& id, const std::string& token, int64_t steps,
                                   const std::string& method = "bf16", std::string run = "") {
@@ -72,7 +73,7 @@ class Crashes : public testing::Network {
                                  "--tls_ca", *certs_ + "/ca.pem", "--tls_server_name", "localhost", "--token", token,
                                  "--client_id", id, "--model", *model_, "--seed", "7", "--lr", "0.01", "--method", method,
                                  "--task", "file", "--train_file", Jsonl(), "--validation_file", Jsonl(), "--steps", std::to_string(steps),
-                                 "--batch", "8", "--max_tokens", "16", "--eval_examples", "8", "--csv", Csv(run),
+                                 "--batch", "8", "--micro_batches", "4", "--max_tokens", "16", "--eval_examples", "8", "--csv", Csv(run),
                                  "--checkpoint_dir", dir_ + "/" + run, "--adapter_out", Adapter(run), "--retry_seconds", "60",
                                  "--call_timeout_seconds", "10", "--threads", "1", "--progress=false"},
         dir_ + "/" + run + ".log");

@@ -143,6 +143,59 @@ TEST(SplitTraining, MicroBatchesGiveTheUpdateOfTheWholeStep) {
   }
 }
 
+// LocalTransport as if its calls crossed a network (Transport::over_network), so that auto tries
+// the counts.
+class LinkedTransport : public inproc::LocalTransport {
+ public:
+  using LocalTransport::LocalTransport;
+  bool over_network() const override { return true; }
+};
+
+// micro_batches auto: in one process every step goes whole and trains as micro_batches 1 does, bit
+// for bit; over a network the client's first steps try 1, 2, 4 and 8 parts in turn (after one
+// unmeasured step, kRounds times round) and every later step uses the one count chosen; each step
+// is applied once.
+TEST(SplitTraining, AutoMicroBatchesAreWholeStepsInOneProcessAndTriedOverANetwork) {
+  const std::string dir = testing::TinyModelDir("micro-batches-auto");
+  const Dataset data = testing::ParityDataset(48);
+  const auto run = [&](int64_t micro_batches, bool linked) {
+    server::SplitServer server(ServerFor(dir));
+    LinkedTransport linked_transport(server);
+    inproc::LocalTransport local_transport(server);
+    client::ClientOptions o = ClientFor(dir, "fixed:8:channel", 24);
+    o.micro_batches = micro_batches;
+    client::SplitClient client(o, data, linked ? static_cast<client::Transport&>(linked_transport) : local_transport);
+    client.Run();
+    EXPECT_EQ(server.AdapterOf("client-0").applied_steps, 24);
+    std::vector<client::StepRecord> steps;
+    for (const client::StepRecord& r : client.records()) {
+      if (steps.empty() || r.step != steps.back().step) steps.push_back(r);  // an evaluation repeats its step
+    }
+    return std::make_pair(steps, client.Adapter());
+  };
+  const auto [auto_steps, auto_adapter] = run(client::MicroBatchChoice::kAuto, false);
+  const auto [whole_steps, whole_adapter] = run(1, false);
+  ASSERT_EQ(auto_steps.size(), 24u);
+  for (size_t i = 0; i < auto_steps.size(); ++i) {
+    EXPECT_EQ(auto_steps[i].parts, 1) << "step " << i;
+    EXPECT_EQ(auto_steps[i].loss, whole_steps[i].loss) << "step " << i;
+  }
+  for (const auto& [name, t] : whole_adapter) EXPECT_EQ(auto_adapter.at(name).values, t.values) << name;
+
+  const auto [linked_steps, linked_adapter] = run(client::MicroBatchChoice::kAuto, true);
+  ASSERT_EQ(linked_steps.size(), 24u);
+  std::vector<int64_t> parts;
+  for (const client::StepRecord& r : linked_steps) parts.push_back(r.parts);
+  std::vector<int64_t> trials{1};
+  for (int round = 0; round < client::MicroBatchChoice::kRounds; ++round) trials.insert(trials.end(), {1, 2, 4, 8});
+  ASSERT_EQ(trials.size(), 21u);
+  EXPECT_EQ(std::vector<int64_t>(parts.begin(), parts.begin() + 21), trials);
+  for (size_t i = 21; i < parts.size(); ++i) {
+    EXPECT_EQ(parts[i], parts[21]) << "step " << i << " left the chosen count";
+  }
+  EXPECT_TRUE(parts[21] == 1 || parts[21] == 2 || parts[21] == 4 || parts[21] == 8) << parts[21];
+}
+
 // One step stale: Run begins step t + 1 (forward, send) before step t's answer has come back, on
 // the client's LoRA predicted for after step t's update (below); at step 1 there is no update to
 // predict from, so it runs on the weights from before step 0's update. With the client's learning rate 0 its weights
