@@ -352,16 +352,19 @@ StepRecord SplitClient::Finish(InFlight& f) {
   // hid entirely behind compute).
   r.network_seconds = std::max(0.0, r.seconds - r.client_seconds - r.encode_seconds - r.server_seconds);
   r.parts = static_cast<int64_t>(f.parts.size());
-  // Measured: steps computed and sent whole on one connection (not replays the server answers from its store).
-  if (!lost && r.applied && transport_.server_takes_micro_batches() && !parts_.chosen()) {
-    parts_.Took(f.parts_asked, r.seconds);
-    if (parts_.chosen()) spdlog::info("client {}: micro_batches auto: {}", options_.client_id, parts_.Describe());
-  }
+  if (!lost) TimeParts(f);
   r.wire_up = transport_.bytes_up();
   r.wire_down = transport_.bytes_down();
   records_.push_back(r);
   WriteCsv(r);
   return r;
+}
+
+void SplitClient::TimeParts(const InFlight& f) {
+  // Replays (steps the server answers from its store) do not measure the link.
+  if (!f.r.applied || !transport_.server_takes_micro_batches() || parts_.chosen()) return;
+  parts_.Took(f.parts_asked, f.r.seconds);
+  if (parts_.chosen()) spdlog::info("client {}: micro_batches auto: {}", options_.client_id, parts_.Describe());
 }
 
 StepRecord SplitClient::TrainStep(int64_t step) {

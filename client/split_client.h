@@ -186,6 +186,8 @@ class SplitClient {
   // Receives f's answers in order (sending again what a broken link lost), backpropagates them,
   // steps the optimizer and records the step. Begins are finished in the order they began.
   StepRecord Finish(InFlight& f);
+  // Gives auto micro-batches' trials f's step time (f finished on the connection it began on).
+  void TimeParts(const InFlight& f);
   // Whether Run begins the step after f's before finishing f.
   bool BeginsNextDuring(const InFlight& f) const;
   // The seeded example order, positioned at the batch of step `order_step_` (rebuilt only when a
