@@ -24,6 +24,7 @@
 #include "server/live_view.h"
 #include "server/metrics_http.h"
 #include "server/prometheus_text.h"
+#include "server/replica_sync.h"
 #include "server/split_server.h"
 #include "server/token_store.h"
 
@@ -72,6 +73,23 @@ std::unique_ptr<server::MetricsHttp> StartMetrics(const Config& c, server::Split
   return metrics;
 }
 
+// With replicas > 1 the servers of one run meet first (server/replica_group.h); with a shared
+// LoRA they then average it on a schedule (server/replica_sync.h). Both null for one server.
+struct Replicas {
+  std::unique_ptr<server::ReplicaGroup> group;
+  std::unique_ptr<server::ReplicaSync> sync;  // stops before the group goes
+};
+
+Replicas JoinReplicas(const Config& c, server::SplitServer& split, const server::ServerOptions& o) {
+  Replicas replicas;
+  const server::ReplicaOptions options = server::ReplicaOptionsFrom(c);
+  if (options.replicas == 1) return replicas;
+  spdlog::info("replica {} of {}: waiting for the replica set at {}", options.rank, options.replicas, options.rendezvous);
+  replicas.group = server::ReplicaGroup::Join(options, server::IdentityOf(split, o));
+  if (o.shared_lora) replicas.sync = std::make_unique<server::ReplicaSync>(split, *replicas.group, c.Double("replica_sync_seconds"));
+  return replicas;
+}
+
 int Run(const Config& c) {
   SetComputeThreads(static_cast<int>(c.Int("threads")));
   const server::ServerOptions o = server::ServerOptionsFrom(c);
@@ -84,6 +102,7 @@ int Run(const Config& c) {
           "the server needs tls_cert and tls_key (or insecure: true for tests only)");
   const std::string metrics_token = c.String("metrics_token_file").empty() ? "" : ReadMetricsToken(c.String("metrics_token_file"));
   server::SplitServer split(o);
+  const Replicas replicas = JoinReplicas(c, split, o);
   // gRPC listens in plain text on a private Unix socket behind a front door (a TcpRelay on
   // `listen`) that ends TLS, bounds the connections open at once, keeps accepting when file
   // descriptors run out (gRPC 1.51's own listener stops for good after one failed accept), closes a

@@ -5,6 +5,7 @@
 #include "common/model/lora_keys.h"
 #include "common/base/option_keys.h"
 #include "common/base/program.h"
+#include "common/base/error.h"
 #include "common/net/host_port.h"
 #include "quant/method_keys.h"
 
@@ -85,6 +86,22 @@ void ServiceOptionKeys(Keys& keys) {
   keys.Group(&O::batching, AddBatchKeys, BatchFromConfig);
 }
 
+// The keys of a replica set (server/replica_group.h), defaults the struct's.
+template <typename Keys>
+void ReplicaOptionKeys(Keys& keys) {
+  using O = ReplicaOptions;
+  keys.Int("replicas", &O::replicas,
+           "servers that serve this run together, each on its own host, as one replica set on c10d (docs/deploy.md, "
+           "\"More than one GPU host\"); 1: this server alone", 1, 64);
+  keys.Int("replica_rank", &O::rank, "this server's number in the replica set, 0..replicas-1 (rank 0 hosts the rendezvous)", 0, 63);
+  keys.String("rendezvous", &O::rendezvous,
+              "host:port of the replicas' meeting point, a c10d TCPStore that rank 0 keeps (rank 0 listens on the port)");
+  keys.String("public_address", &O::public_address,
+              "host:port at which clients and the other replicas reach this server (its host must be one of this host's addresses)");
+  keys.Double("replica_timeout_seconds", &O::timeout_seconds,
+              "how long a replica waits for the others to form the set, and for one average of the shared LoRA", 1, 86400);
+}
+
 }  // namespace
 
 Config ServerConfig() {
@@ -120,6 +137,9 @@ Config ServerConfig() {
            1, 1 << 20);
   c.AddString("port_file", "", "write the port actually bound to this file (for scripts using port 0)");
   DeclareOptionKeys<ServerOptions>(c, [](auto& keys) { ServerOptionKeys(keys); });
+  DeclareOptionKeys<ReplicaOptions>(c, [](auto& keys) { ReplicaOptionKeys(keys); });
+  c.AddDouble("replica_sync_seconds", 10,
+              "with shared_lora and replicas > 1: how often the replicas replace the shared LoRA by its mean over them", 0.01, 86400);
   c.AddString("tls_cert", "", "server certificate chain (PEM)");
   c.AddString("tls_key", "", "server private key (PEM)");
   c.AddString("tls_client_ca", "", "CA of client certificates: set it to require mutual TLS");
@@ -142,6 +162,10 @@ ServerOptions ServerOptionsFrom(const Config& c) {
   return OptionsFrom<ServerOptions>(c, [](auto& keys) { ServerOptionKeys(keys); });
 }
 
+ReplicaOptions ReplicaOptionsFrom(const Config& c) {
+  return OptionsFrom<ReplicaOptions>(c, [](auto& keys) { ReplicaOptionKeys(keys); });
+}
+
 ServiceOptions ServiceOptionsFrom(const Config& c) {
   return OptionsFrom<ServiceOptions>(c, [](auto& keys) { ServiceOptionKeys(keys); });
 }
@@ -150,6 +174,14 @@ void CheckServerConfig(const Config& c) {
   ServerOptionsFrom(c);
   ServiceOptionsFrom(c);
   SplitHostPort(c.String("listen"), "listen");
+  const ReplicaOptions replicas = ReplicaOptionsFrom(c);
+  if (replicas.replicas > 1) {
+    Require(replicas.rank < replicas.replicas, ErrorCode::kInvalidArgument,
+            "replica_rank must be below replicas (" + std::to_string(replicas.replicas) + "), got " +
+                std::to_string(replicas.rank) + ": number the replicas from 0");
+    SplitHostPort(replicas.rendezvous, "rendezvous");
+    SplitHostPort(replicas.public_address, "public_address");
+  }
   const std::string metrics = c.String("metrics_listen");
   if (!metrics.empty() && metrics.find(':') != std::string::npos) SplitHostPort(metrics, "metrics_listen");
 }

@@ -5,6 +5,7 @@
 
 #include "common/base/config.h"
 #include "server/grpc_service.h"
+#include "server/replica_group.h"
 #include "server/split_server.h"
 
 namespace amaq::server {
@@ -12,6 +13,7 @@ namespace amaq::server {
 Config ServerConfig();
 ServerOptions ServerOptionsFrom(const Config& c);
 ServiceOptions ServiceOptionsFrom(const Config& c);
+ReplicaOptions ReplicaOptionsFrom(const Config& c);
 // What --check_config validates beyond the keys: both options structs and the addresses.
 void CheckServerConfig(const Config& c);
 

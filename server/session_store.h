@@ -116,6 +116,8 @@ class SessionStore {
   // joined or was evicted). Step lock for what is inside.
   Session& Joined(const std::string& client_id);
   LoraState& LoraOf(Session& s) { return s.own ? *s.own : *shared_; }
+  // Step lock. The LoRA every client trains with shared_lora (null without it).
+  LoraState* shared() { return shared_.get(); }
   // Step lock. Makes the sessions' statistics what Stats() shows and counts their bytes.
   void Publish(const std::vector<const Session*>& sessions);
   std::map<std::string, ClientStats> Stats() const;

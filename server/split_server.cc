@@ -533,6 +533,16 @@ NamedFloats SplitServer::AverageAdapters(const std::string& client_id, const Nam
   return AggregateAdapters(uploads, tensors, options_.averaging);
 }
 
+bool SplitServer::WithSharedLora(const std::function<void(const std::vector<torch::Tensor>&)>& f) {
+  std::lock_guard<std::mutex> step(step_mutex_);
+  LoraState* shared = store_->shared();
+  if (!shared) return false;
+  std::vector<torch::Tensor> values;
+  for (const auto& v : shared->values) values.push_back(v.detach());
+  f(values);
+  return true;
+}
+
 ServerAdapterInfo SplitServer::AdapterOf(const std::string& client_id) {
   std::lock_guard<std::mutex> step(step_mutex_);
   Session& s = store_->Joined(client_id);

@@ -35,6 +35,7 @@
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -108,6 +109,10 @@ class SplitServer {
   // The bytes of the largest valid adapter upload's values (the client layers' LoRA in fp32).
   uint64_t adapter_bytes() const;
   NamedFloats AverageAdapters(const std::string& client_id, const NamedFloats& tensors, int* clients);
+  // Calls `f` under the step lock (no step runs meanwhile) with the shared LoRA's values, detached
+  // (changes in place change the LoRA; no optimizer state is passed). Does nothing and returns
+  // false without shared_lora. What `f` throws propagates, the lock released.
+  bool WithSharedLora(const std::function<void(const std::vector<torch::Tensor>&)>& f);
   // The server-side LoRA that trains with `client_id` (its own, or the shared one), as fp32 values.
   // kFailedPrecondition when the client has not joined.
   ServerAdapterInfo AdapterOf(const std::string& client_id);

@@ -5,12 +5,16 @@ For each program: its `--help` is in docs/configuration.md verbatim; an unknown 
 code 2 naming the key; a missing --config file exits with code 2 naming the file; a config file's
 keys are read (a bad value in it is refused by key and file). And amaq-generate's own checks:
 no prompt, top_k without a temperature, an empty prompt on standard input: each code 2. And
-amaq-server's refusals at start: no TLS files, metrics_tls without them, a TLS file that is absent.
+amaq-server's refusals at start: no TLS files, metrics_tls without them, a TLS file that is absent;
+and two servers as a replica set (they meet, average their shared LoRA, refuse a third of another run).
 """
 import os
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -76,6 +80,49 @@ class Programs(unittest.TestCase):
                 out = run("amaq-server", *base, *args)
                 self.assertEqual(out.returncode, code, out.stdout + out.stderr)
                 self.assertIn(message, out.stdout + out.stderr)
+
+    def test_two_servers_form_a_replica_set_and_one_of_another_run_is_refused(self):
+        def free_port():
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                return s.getsockname()[1]
+        work = tempfile.mkdtemp(prefix="amaq-replicas-")
+        rendezvous = f"127.0.0.1:{free_port()}"
+
+        def server_args(rank, *extra):
+            return [os.path.join(BIN, "amaq-server"), "--model", os.path.join(ROOT, "models", "amaq-base"), "--insecure", "true",
+                    "--listen", "127.0.0.1:0", "--port_file", os.path.join(work, f"port-{rank}"), "--shared_lora", "true",
+                    "--replicas", "2", "--replica_rank", str(rank), "--rendezvous", rendezvous,
+                    "--public_address", f"127.0.0.1:{free_port()}", "--replica_timeout_seconds", "60",
+                    "--replica_sync_seconds", "0.2", "--threads", "1", *extra]
+        logs = [open(os.path.join(work, f"server-{rank}.log"), "w+") for rank in (0, 1)]
+        for log in logs:
+            self.addCleanup(log.close)
+        rank0 = subprocess.Popen(server_args(0), stdout=logs[0], stderr=subprocess.STDOUT)
+        try:
+            other_run = subprocess.run(server_args(1, "--lr", "0.5"), capture_output=True, text=True, timeout=120)
+            self.assertNotEqual(other_run.returncode, 0, other_run.stdout + other_run.stderr)
+            self.assertIn("refused from the replica set", other_run.stdout + other_run.stderr)
+            self.assertIn("lr: 0.5 here, 0.002 at rank 0", other_run.stdout + other_run.stderr)
+            rank1 = subprocess.Popen(server_args(1), stdout=logs[1], stderr=subprocess.STDOUT)
+            try:
+                for rank in (0, 1):  # a replica serves once the set has formed
+                    deadline = time.time() + 60
+                    while not os.path.exists(os.path.join(work, f"port-{rank}")) and time.time() < deadline:
+                        time.sleep(0.1)
+                time.sleep(1)  # a few synchronisations of the shared LoRA
+                for rank, process in ((1, rank1), (0, rank0)):
+                    process.send_signal(signal.SIGTERM)
+                    self.assertEqual(process.wait(timeout=60), 0)
+            finally:
+                rank1.kill()
+        finally:
+            rank0.kill()
+        for rank in (0, 1):
+            logs[rank].seek(0)
+            log = logs[rank].read()
+            self.assertIn(f"replica {rank} of 2: the replica set formed at generation", log)
+            self.assertRegex(log, f"replica {rank} of 2: the shared LoRA averaged over the replicas [1-9]")
 
     def test_generate_quiet_prints_the_continuation_alone(self):
         model = os.path.join(ROOT, "models", "amaq-base")

@@ -1,0 +1,133 @@
+// ReplicaSync (server/replica_sync.h): two SplitServers with a shared LoRA, each a replica in a
+// thread of this process, their clients trained in process on different data; the shared LoRA
+// averaged over a Gloo group.
+#include "server/replica_sync.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <future>
+#include <thread>
+
+#include "inproc/local_transport.h"
+#include "replica_test_util.h"
+#include "tiny_model.h"
+
+namespace amaq::server {
+namespace {
+
+ServerOptions SharedServer(const std::string& dir) {
+  ServerOptions o = testing::TinyServerOptions(dir);
+  o.shared_lora = true;
+  return o;
+}
+
+// `steps` steps of client `id` on `server`, over the parity data in the given order.
+void Train(SplitServer& server, const std::string& dir, const std::string& id, bool reversed, int64_t steps) {
+  Dataset data = testing::ParityDataset(64);
+  if (reversed) std::reverse(data.train.begin(), data.train.end());
+  client::ClientOptions o = testing::TinyClientOptions(dir, id, "fp32", steps);
+  o.micro_batches = 1;  // a shared LoRA takes whole steps
+  inproc::LocalTransport transport(server);
+  client::SplitClient client(o, data, transport);
+  client.Run();
+}
+
+std::vector<torch::Tensor> Lora(SplitServer& server, const std::string& client_id) {
+  std::vector<torch::Tensor> values;
+  for (const auto& [name, t] : server.AdapterOf(client_id).tensors) values.push_back(torch::tensor(t.values));
+  return values;
+}
+
+struct TwoReplicas {
+  explicit TwoReplicas(const std::string& name)
+      : dir(testing::TinyModelDir(name)), options(SharedServer(dir)), servers{std::make_unique<SplitServer>(options),
+                                                                              std::make_unique<SplitServer>(options)},
+        set(2) {
+    auto rank0 = JoinAs(0), rank1 = JoinAs(1);
+    groups[0] = rank0.get();
+    groups[1] = rank1.get();
+  }
+  std::future<std::unique_ptr<ReplicaGroup>> JoinAs(int rank) {
+    return std::async(std::launch::async,
+                      [this, rank] { return ReplicaGroup::Join(set.options[rank], IdentityOf(*servers[rank], options)); });
+  }
+  std::string dir;
+  ServerOptions options;
+  std::unique_ptr<SplitServer> servers[2];
+  testing::LoopbackReplicas set;
+  std::unique_ptr<ReplicaGroup> groups[2];
+};
+
+TEST(ReplicaSync, QuietReplicasEndASynchronisationHoldingTheMeanBitForBit) {
+  TwoReplicas r("replica-sync");
+  ReplicaSync sync0(*r.servers[0], *r.groups[0], 3600), sync1(*r.servers[1], *r.groups[1], 3600);
+  Train(*r.servers[0], r.dir, "a", false, 3);
+  Train(*r.servers[1], r.dir, "b", true, 3);
+  const auto before0 = Lora(*r.servers[0], "a"), before1 = Lora(*r.servers[1], "b");
+  bool differ = false;
+  for (size_t i = 0; i < before0.size(); ++i) differ = differ || !torch::equal(before0[i], before1[i]);
+  ASSERT_TRUE(differ) << "the replicas' clients trained on different data";
+
+  auto other = std::async(std::launch::async, [&] { return sync1.SynchronizeNow(); });
+  EXPECT_TRUE(sync0.SynchronizeNow());
+  EXPECT_TRUE(other.get());
+  const auto after0 = Lora(*r.servers[0], "a"), after1 = Lora(*r.servers[1], "b");
+  ASSERT_EQ(after0.size(), before0.size());
+  for (size_t i = 0; i < after0.size(); ++i) {
+    EXPECT_TRUE(torch::equal(after0[i], after1[i])) << "tensor " << i;
+    EXPECT_TRUE(torch::allclose(after0[i], (before0[i] + before1[i]) / 2, 1e-6, 1e-7)) << "tensor " << i;
+  }
+  EXPECT_EQ(sync0.synchronisations(), 1);
+  EXPECT_EQ(sync0.failures(), 0);
+}
+
+TEST(ReplicaSync, TheScheduleGoesOnAfterAReplicaIsReplaced) {
+  TwoReplicas r("replica-sync-replaced");
+  Train(*r.servers[0], r.dir, "a", false, 2);
+  Train(*r.servers[1], r.dir, "b", true, 2);
+  auto sync0 = std::make_unique<ReplicaSync>(*r.servers[0], *r.groups[0], 0.05);
+  auto sync1 = std::make_unique<ReplicaSync>(*r.servers[1], *r.groups[1], 0.05);
+  auto until = [](const std::function<bool()>& done) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!done() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return done();
+  };
+  ASSERT_TRUE(until([&] { return sync0->synchronisations() >= 2 && sync1->synchronisations() >= 2; }));
+
+  // Replica 1 goes away; replica 0's next synchronisations fail until its replacement joins.
+  sync1.reset();
+  r.groups[1].reset();
+  ASSERT_TRUE(until([&] { return sync0->failures() >= 1; }));
+  auto replacement = r.JoinAs(1);
+  r.groups[1] = replacement.get();
+  EXPECT_EQ(r.groups[1]->generation(), r.groups[0]->NewestGeneration());
+  sync1 = std::make_unique<ReplicaSync>(*r.servers[1], *r.groups[1], 0.05);
+  const int64_t synchronised = sync0->synchronisations();
+  EXPECT_TRUE(until([&] { return sync0->synchronisations() >= synchronised + 2 && sync1->synchronisations() >= 2; }));
+  EXPECT_EQ(r.groups[0]->generation(), r.groups[1]->generation());
+  sync0.reset();
+  sync1.reset();
+  const auto lora0 = Lora(*r.servers[0], "a"), lora1 = Lora(*r.servers[1], "b");
+  for (size_t i = 0; i < lora0.size(); ++i) EXPECT_TRUE(torch::equal(lora0[i], lora1[i])) << "tensor " << i;
+}
+
+TEST(ReplicaSync, TheIdentityNamesWhatMakesReplicasOneRun) {
+  const std::string dir = testing::TinyModelDir("replica-identity");
+  ServerOptions options = SharedServer(dir);
+  SplitServer server(options);
+  const ReplicaIdentity identity = IdentityOf(server, options);
+  ServerOptions other = options;
+  other.lr = 0.5;
+  other.lora.rank = 4;
+  EXPECT_EQ(IdentityDifferences(IdentityOf(server, other), identity), "lora_rank: 4 here, 8 at rank 0; lr: 0.5 here, 0.01 at rank 0");
+  other = options;
+  other.cut_layer = 1;
+  SplitServer cut_elsewhere(other);
+  const std::string differences = IdentityDifferences(IdentityOf(cut_elsewhere, other), identity);
+  EXPECT_NE(differences.find("model_and_cut: "), std::string::npos) << differences;
+  EXPECT_NE(differences.find("cut_layer: 1 here, 2 at rank 0"), std::string::npos) << differences;
+}
+
+}  // namespace
+}  // namespace amaq::server
