@@ -10,7 +10,9 @@ at lr 0.002; its per-step CSV gives each step's wall time and its tokens (the fp
 bytes / (hidden * 4)). peft: the same model (the directory's safetensors, fp32) with
 LoraConfig(r=16, lora_alpha=32, the same seven targets), AdamW at 0.002, one training step
 (forward with labels, backward, optimizer step) on random token batches of exactly amaq's shapes,
-step for step. The first WARMUP steps of each are not timed. amaq runs once per variant (VARIANTS:
+step for step; and the same peft step over bitsandbytes' NF4 base (BitsAndBytesConfig load_in_4bit,
+nf4, fp32 compute, prepare_model_for_kbit_training, on the CPU), the peer of amaq's NF4 base.
+The first WARMUP steps of each are not timed. amaq runs once per variant (VARIANTS:
 fp32 compute over fp32 base weights, bf16 compute, an NF4 base, both, and 4 micro-batches a step
 instead of the default's whole steps in one process), each with the CPU time its process used over its wall time (load included: how many
 cores it kept busy). Prints one JSON line per (side, variant, threads) and a markdown table; run it
@@ -26,6 +28,7 @@ import tempfile
 import time
 
 os.environ.setdefault("TQDM_DISABLE", "1")
+import bitsandbytes  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 import peft  # noqa: E402
@@ -60,11 +63,18 @@ def amaq_steps(model, steps, threads, variant, work):
     return [(int(r["up_payload_bytes"]) // (hidden * 4), float(r["seconds"])) for r in rows[WARMUP:]], busy
 
 
-def peft_steps(model_dir, shapes, threads):
-    """Seconds of peft training steps on random batches of `shapes` ([rows, tokens] each)."""
+def peft_steps(model_dir, shapes, threads, nf4_base=False):
+    """Seconds of peft training steps on random batches of `shapes` ([rows, tokens] each), over the
+    fp32 base or (nf4_base) bitsandbytes' 4-bit NF4 base."""
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    base = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if nf4_base:
+        nf4 = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                              bnb_4bit_compute_dtype=torch.float32)
+        base = transformers.AutoModelForCausalLM.from_pretrained(model_dir, quantization_config=nf4, device_map="cpu")
+        base = peft.prepare_model_for_kbit_training(base, use_gradient_checkpointing=False)
+    else:
+        base = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model = peft.get_peft_model(base, peft.LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=TARGETS))
     model.train()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.002)
@@ -95,25 +105,31 @@ def main():
     rows = []
     with tempfile.TemporaryDirectory() as work:
         for threads in [int(t) for t in args.threads.split(",")]:
-            peft_rate = None
+            peers = None
             for variant in variants:
                 ours, busy = amaq_steps(args.model, args.steps, threads, variant, work)
                 tokens = sum(t for t, _ in ours)
                 amaq_rate = tokens / sum(s for _, s in ours)
-                if peft_rate is None:  # the same shapes in every variant: one peft run per thread count
-                    theirs = peft_steps(args.model, [(16, t // 16) for t, _ in ours], threads)
-                    peft_rate = tokens / sum(theirs)
-                    print(json.dumps({"bench": "peft_vs_amaq", "side": "peft", "threads": threads, "steps": len(ours),
-                                      "tokens": tokens, "tokens_per_s": round(peft_rate, 1), "torch": torch.__version__,
-                                      "transformers": transformers.__version__, "peft": peft.__version__}), flush=True)
+                if peers is None:  # the same shapes in every variant: one run of each peer per thread count
+                    peers = {}
+                    for peer, nf4_base in (("peft", False), ("peft+bnb-nf4", True)):
+                        theirs = peft_steps(args.model, [(16, t // 16) for t, _ in ours], threads, nf4_base)
+                        peers[peer] = tokens / sum(theirs)
+                        print(json.dumps({"bench": "peft_vs_amaq", "side": peer, "threads": threads, "steps": len(ours),
+                                          "tokens": tokens, "tokens_per_s": round(peers[peer], 1),
+                                          "torch": torch.__version__, "transformers": transformers.__version__,
+                                          "peft": peft.__version__, "bitsandbytes": bitsandbytes.__version__}), flush=True)
                 print(json.dumps({"bench": "peft_vs_amaq", "side": "amaq", "variant": variant, "threads": threads,
                                   "steps": len(ours), "tokens": tokens, "tokens_per_s": round(amaq_rate, 1),
                                   "cores_busy": round(busy, 2)}), flush=True)
-                rows.append((threads, variant, amaq_rate, busy, peft_rate))
-    print("\n| threads | amaq variant | amaq split step (tokens/s) | amaq cores busy | peft step, fp32 (tokens/s) | amaq / peft |")
-    print("|---|---|---|---|---|---|")
-    for threads, variant, amaq_rate, busy, peft_rate in rows:
-        print(f"| {threads} | {variant} | {amaq_rate:.0f} | {busy:.2f} | {peft_rate:.0f} | {amaq_rate / peft_rate:.2f}x |")
+                rows.append((threads, variant, amaq_rate, busy, peers))
+    print("\n| threads | amaq variant | amaq split step (tokens/s) | amaq cores busy | peft, fp32 base (tokens/s) | "
+          "amaq / peft | peft, bitsandbytes NF4 base (tokens/s) | amaq / peft NF4 |")
+    print("|---|---|---|---|---|---|---|---|")
+    for threads, variant, amaq_rate, busy, peers in rows:
+        fp32, nf4 = peers["peft"], peers["peft+bnb-nf4"]
+        print(f"| {threads} | {variant} | {amaq_rate:.0f} | {busy:.2f} | {fp32:.0f} | {amaq_rate / fp32:.2f}x | {nf4:.0f} | "
+              f"{amaq_rate / nf4:.2f}x |")
 
 
 if __name__ == "__main__":
