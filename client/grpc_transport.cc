@@ -1,5 +1,8 @@
 #include "client/grpc_transport.h"
 
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -102,18 +105,28 @@ class StepWriter {
 };
 
 GrpcTransport::GrpcTransport(GrpcOptions options) : options_(std::move(options)) {
-  const auto [host, port] = SplitHostPort(options_.server, "server");
-  std::string target = options_.server;
+  server_ = options_.server;
+  Target(options_.server_name);
+}
+
+void GrpcTransport::Target(const std::string& tls_name) {
+  const auto [host, port] = SplitHostPort(server_, "server");
+  std::string target = server_;
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetMaxSendMessageSize(64 << 20);
+  if (relay_) {  // the bytes of the link left behind still count
+    metered_up_ += relay_->bytes_up();
+    metered_down_ += relay_->bytes_down();
+    relay_.reset();
+  }
   if (options_.meter) {
     relay_ = std::make_unique<TcpRelay>(host, port);
     target = relay_->address();
   }
   host_ = host;
   port_ = port;
-  tls_name_ = options_.server_name.empty() ? host : options_.server_name;
+  tls_name_ = tls_name.empty() ? host : tls_name;
   if (!options_.insecure) args.SetSslTargetNameOverride(tls_name_);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
@@ -168,19 +181,24 @@ int64_t GrpcTransport::Join(const JoinInfo& info) {
   client_id_ = info.client_id;
   const amaq::v1::JoinRequest request = JoinRequestOf(info);
   amaq::v1::JoinReply reply;
-  grpc::ClientContext context;
-  AuthorizeCall(&context);
-  const grpc::Status status = stub_->Join(&context, request, &reply);
-  if (!status.ok()) {
-    // A channel that failed keeps backing off from a server that may be back already: the next
-    // Join starts from a fresh one.
-    if (status.error_code() == grpc::StatusCode::UNAVAILABLE) Connect();
-    throw JoinError(status);
+  std::vector<std::string> visited{server_};
+  for (;;) {
+    grpc::ClientContext context;
+    AuthorizeCall(&context);
+    const grpc::Status status = stub_->Join(&context, request, &reply);
+    if (!status.ok()) {
+      // A channel that failed keeps backing off from a server that may be back already: the next
+      // Join starts from a fresh one.
+      if (status.error_code() == grpc::StatusCode::UNAVAILABLE) Connect();
+      throw JoinError(status);
+    }
+    message_up_ += FramedBytes(request);
+    message_down_ += FramedBytes(reply);
+    if (reply.owner_address().empty()) break;
+    FollowOwner(reply.owner_address(), &visited);
   }
   joined_ = true;
   refused_since_.reset();
-  message_up_ += FramedBytes(request);
-  message_down_ += FramedBytes(reply);
   if (reply.max_chunk_bytes() > 0) max_chunk_bytes_ = reply.max_chunk_bytes();
   server_decode_cache_ = reply.decode_cache();
   server_micro_batches_ = reply.micro_batches();
@@ -188,13 +206,28 @@ int64_t GrpcTransport::Join(const JoinInfo& info) {
   return reply.last_applied_step();
 }
 
+void GrpcTransport::FollowOwner(const std::string& owner, std::vector<std::string>* visited) {
+  std::string path;
+  for (const auto& s : *visited) path += s + " -> ";
+  Require(std::find(visited->begin(), visited->end(), owner) == visited->end() && visited->size() < kMaxRedirects,
+          ErrorCode::kFailedPrecondition,
+          "the replicas sent client " + client_id_ + " round in a loop (" + path + owner +
+              "): give every replica of the set the same replicas and its own public_address, and restart them");
+  SplitHostPort(owner, "the owner address a replica answered");
+  spdlog::info("{} serves client {} (answered by {}): joining there", owner, client_id_, server_);
+  visited->push_back(owner);
+  server_ = owner;
+  Target("");  // each replica's certificate names its own public_address host
+}
+
 grpc::Status GrpcTransport::NamedAsGiven(const grpc::Status& failed) const {
-  // gRPC names the local byte meter it connects through; the user gave options_.server.
+  // gRPC names the local byte meter it connects through; the user gave server_ (or a replica
+  // sent the client there).
   std::string text = failed.error_message();
   if (relay_) {
     const std::string meter = "ipv4:" + relay_->address();
     for (size_t at = text.find(meter); at != std::string::npos; at = text.find(meter, at)) {
-      text.replace(at, meter.size(), options_.server);
+      text.replace(at, meter.size(), server_);
     }
   }
   return grpc::Status(failed.error_code(), text, failed.error_details());
@@ -206,23 +239,23 @@ Error GrpcTransport::ServerError(const grpc::Status& failed, const std::string& 
 
 Error GrpcTransport::JoinError(const grpc::Status& failed) {
   const grpc::Status status = NamedAsGiven(failed);
-  if (std::optional<Error> fault = PermanentTlsFault(status, options_.server, tls_name_)) return *fault;
+  if (std::optional<Error> fault = PermanentTlsFault(status, server_, tls_name_)) return *fault;
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE && !joined_ && !options_.insecure && options_.tls.cert.empty() &&
       RequestsClientCertificate(host_, port_, tls_name_, 3)) {
     return Error(ErrorCode::kFailedPrecondition,
-                 "joining " + options_.server + ": the server requires a client certificate (mutual TLS): set tls_cert and "
+                 "joining " + server_ + ": the server requires a client certificate (mutual TLS): set tls_cert and "
                  "tls_key to this client's (gRPC: " + Excerpt(status.error_message(), 160) + ")");
   }
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE && !joined_ && RefusesConnections(host_, port_, 2)) {
     const auto now = std::chrono::steady_clock::now();
     if (!refused_since_) refused_since_ = now;
     const double refused = std::chrono::duration<double>(now - *refused_since_).count();
-    const std::string message = "joining " + options_.server + ": nothing listens there (connection refused" +
+    const std::string message = "joining " + server_ + ": nothing listens there (connection refused" +
                                 (refused >= 1 ? " for " + std::to_string(static_cast<int>(refused)) + " s" : "") +
                                 "): start amaq-server there, or correct server";
     return Error(refused >= options_.refused_seconds ? ErrorCode::kFailedPrecondition : ErrorCode::kUnavailable, message);
   }
-  return ToError(status, "joining " + options_.server);
+  return ToError(status, "joining " + server_);
 }
 
 StepResult GrpcTransport::Step(const StepInput& input) {
@@ -327,7 +360,7 @@ void GrpcTransport::ReportMetric(int64_t step, const std::string& name, double v
   Unary("reporting the metric", request, &reply, [&](grpc::ClientContext* c) { return stub_->ReportMetric(c, request, &reply); });
 }
 
-uint64_t GrpcTransport::bytes_up() const { return relay_ ? relay_->bytes_up() : message_up_; }
-uint64_t GrpcTransport::bytes_down() const { return relay_ ? relay_->bytes_down() : message_down_; }
+uint64_t GrpcTransport::bytes_up() const { return relay_ ? metered_up_ + relay_->bytes_up() : message_up_; }
+uint64_t GrpcTransport::bytes_down() const { return relay_ ? metered_down_ + relay_->bytes_down() : message_down_; }
 
 }  // namespace amaq::client

@@ -3,7 +3,9 @@
 // their own, so that steps sent ahead (Send) never wait for the replies to be read, nor the other
 // way round. A broken stream throws amaq::Error (kUnavailable) and the next Join opens a fresh
 // one. With `meter` on (the default) the channel runs through a local TcpRelay, so
-// bytes_up/bytes_down are the bytes that crossed the socket.
+// bytes_up/bytes_down are the bytes that crossed the socket (to every server joined). A Join
+// answered with owner_address (a replica set, docs/protocol.md "Replicas") moves the transport to
+// that replica for good, and joins there.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -72,13 +74,21 @@ class GrpcTransport : public Transport {
   // the status as amaq::Error naming `what`.
   template <typename Request, typename Reply, typename Rpc>
   void Unary(const std::string& what, const Request& request, Reply* reply, Rpc rpc);
+  // Points the channel (and the byte meter) at server_, verifying `tls_name` (empty: server_'s host).
+  void Target(const std::string& tls_name);
   void Connect();  // a fresh channel to target_
+  // A replica answered that `owner` serves this client (JoinReply.owner_address): the next Join
+  // goes there. kFailedPrecondition, naming the path, for an owner already `visited` or after
+  // kMaxRedirects hops.
+  void FollowOwner(const std::string& owner, std::vector<std::string>* visited);
+  static constexpr size_t kMaxRedirects = 8;
   void OpenStream();
   void CloseStream();  // cancels the stream, then EndStream
   // Stops the writer, finishes the stream and forgets the steps in flight; returns its status.
   grpc::Status EndStream();
 
   GrpcOptions options_;
+  std::string server_;  // the server joined (options_.server, or the replica it sent this client to)
   std::string host_, tls_name_;
   uint16_t port_ = 0;
   bool joined_ = false;  // a Join has succeeded
@@ -98,6 +108,7 @@ class GrpcTransport : public Transport {
   bool server_micro_batches_ = false; // from the last JoinReply (older servers: false)
   bool server_score_targets_ = false; // from the last JoinReply (older servers: false)
   uint64_t message_up_ = 0, message_down_ = 0;  // gRPC messages' bytes (FramedBytes), when not metering
+  uint64_t metered_up_ = 0, metered_down_ = 0;  // bytes of the meters of servers left behind
 };
 
 }  // namespace amaq::client

@@ -380,6 +380,11 @@ grpc::ServerUnaryReactor* SplitTrainingService::Join(grpc::CallbackServerContext
   }
   if (!taking_steps()) return Done(context, StoppingStatus());
   try {
+    const std::string owner = options_.owner_of ? options_.owner_of(request->client_id()) : "";
+    if (!owner.empty()) {
+      reply->set_owner_address(owner);  // nothing counted or kept here: the client is another replica's
+      return Done(context, status);
+    }
     const JoinInfo join = JoinInfoOf(*request);
     const int64_t last = server_.Join(join.client_id, join.fingerprint, join.cut_layer, join.method, join.run, join.start);
     reply->set_last_applied_step(last);

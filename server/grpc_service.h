@@ -35,6 +35,13 @@ namespace amaq::server {
 class SplitServer;  // server/split_server.h: held by reference, so this header needs no LibTorch
 
 // The defaults here are amaq-server's (server/server_config.cc declares the keys that set them).
+// A replica set's state as /metrics shows it (server/replica_group.h, server/replica_sync.h).
+struct ReplicaStatus {
+  int rank = 0, replicas = 1;
+  int64_t generation = 0;
+  int64_t synchronisations = 0, synchronisation_failures = 0;  // of the shared LoRA
+};
+
 struct ServiceOptions {
   int max_chunk_bytes = 1 << 20;
   int max_chunks = 4096;
@@ -49,6 +56,12 @@ struct ServiceOptions {
   // Told the peer (gRPC's peer()) of each call that passed Authenticate: the front door then keeps
   // that connection's slot (an unauthenticated one is evicted for newcomers). Unset: not told.
   std::function<void(const std::string& peer)> authenticated_peer;
+  // A replica set (server/placement.h): the host:port of the replica that serves `client_id`, or
+  // empty when this one does. A Join of a client served elsewhere is answered with that address
+  // (JoinReply.owner_address) and makes no session. Unset: this server serves every client.
+  std::function<std::string(const std::string& client_id)> owner_of;
+  // A replica set's state for /metrics; unset: no replica metrics.
+  std::function<ReplicaStatus()> replica_status;
 };
 
 // A step stream the service watches for stalls (the Steps reactor).

@@ -90,6 +90,19 @@ Replicas JoinReplicas(const Config& c, server::SplitServer& split, const server:
   return replicas;
 }
 
+// A replica's service sends the clients other replicas own to them and shows the set on /metrics.
+void ServeAsReplica(const Replicas& replicas, server::ServiceOptions& service) {
+  service.owner_of = [&replicas](const std::string& client_id) { return replicas.group->OwnerAddress(client_id); };
+  service.replica_status = [&replicas] {
+    server::ReplicaStatus status{replicas.group->rank(), replicas.group->size(), replicas.group->generation(), 0, 0};
+    if (replicas.sync) {
+      status.synchronisations = replicas.sync->synchronisations();
+      status.synchronisation_failures = replicas.sync->failures();
+    }
+    return status;
+  };
+}
+
 int Run(const Config& c) {
   SetComputeThreads(static_cast<int>(c.Int("threads")));
   const server::ServerOptions o = server::ServerOptionsFrom(c);
@@ -122,6 +135,7 @@ int Run(const Config& c) {
     const std::string unix_prefix = "unix:";
     if (front_door && peer.rfind(unix_prefix, 0) == 0) front_door->MarkAuthenticated(peer.substr(unix_prefix.size()));
   };
+  if (replicas.group) ServeAsReplica(replicas, service_options);
   server::SplitTrainingService service(split, tokens, service_options);
 
   const uint64_t open_files = RaiseOpenFilesLimit();

@@ -41,6 +41,19 @@ std::string PrometheusText(const SplitTrainingService& service) {
   out << "amaq_sessions_memory_bytes " << service.server().sessions_memory_bytes() << "\n";
   metric("amaq_sessions_evicted_total", "counter", "Idle sessions moved to checkpoint_dir/sessions (session_ttl_seconds)");
   out << "amaq_sessions_evicted_total " << service.server().sessions_evicted() << "\n";
+  if (service.options().replica_status) {  // a replica set: which replica these steps were served by
+    const ReplicaStatus r = service.options().replica_status();
+    metric("amaq_replica_rank", "gauge", "This server's rank in its replica set (the steps above were served here)");
+    out << "amaq_replica_rank " << r.rank << "\n";
+    metric("amaq_replicas", "gauge", "Servers in the replica set");
+    out << "amaq_replicas " << r.replicas << "\n";
+    metric("amaq_replica_generation", "gauge", "The replica set's generation this server formed at (one more each start or re-formation)");
+    out << "amaq_replica_generation " << r.generation << "\n";
+    metric("amaq_replica_synchronisations_total", "counter", "Averages of the shared LoRA over the replicas");
+    out << "amaq_replica_synchronisations_total " << r.synchronisations << "\n";
+    metric("amaq_replica_synchronisation_failures_total", "counter", "Averages of the shared LoRA that failed (a replica went away)");
+    out << "amaq_replica_synchronisation_failures_total " << r.synchronisation_failures << "\n";
+  }
   return out.str();
 }
 

@@ -11,6 +11,7 @@
 
 #include "common/base/error.h"
 #include "common/net/host_port.h"
+#include "server/placement.h"
 
 namespace amaq::server {
 namespace {
@@ -172,12 +173,30 @@ void ReplicaGroup::Form() {
                                                std::to_string(g) + " (" + Excerpt(e.what(), 200) +
                                                "): check that every replica reaches the others' public_address");
     }
-    addresses_.clear();
-    for (const auto& key : keys) addresses_.push_back(Text(tcp.get(key)));
+    std::vector<std::string> addresses;
+    for (const auto& key : keys) addresses.push_back(Text(tcp.get(key)));
+    {
+      std::lock_guard<std::mutex> lock(addresses_mutex_);
+      addresses_ = std::move(addresses);
+    }
     generation_ = g;
     spdlog::info("replica {} of {}: the replica set formed at generation {}", options_.rank, options_.replicas, g);
     return;
   }
+}
+
+std::vector<std::string> ReplicaGroup::addresses() const {
+  std::lock_guard<std::mutex> lock(addresses_mutex_);
+  return addresses_;
+}
+
+std::string ReplicaGroup::OwnerAddress(const std::string& client_id) const {
+  std::vector<int> ranks(static_cast<size_t>(options_.replicas));
+  for (int r = 0; r < options_.replicas; ++r) ranks[r] = r;
+  const int owner = OwnerOf(client_id, ranks);
+  if (owner == options_.rank) return "";
+  std::lock_guard<std::mutex> lock(addresses_mutex_);
+  return addresses_.at(static_cast<size_t>(owner));
 }
 
 int64_t ReplicaGroup::NewestGeneration() {

@@ -18,7 +18,7 @@
 // timeout_seconds naming the ranks that did not arrive (and a refusal a rank left in the store).
 // Rank 0's store lives as long as rank 0's ReplicaGroup: when rank 0 restarts, the other
 // replicas' next Reform connects to its new store (whose generations count afresh).
-// Not thread-safe: one thread at a time, except Cancel.
+// Not thread-safe: one thread at a time, except generation(), addresses(), OwnerAddress and Cancel.
 #pragma once
 
 #include <torch/torch.h>
@@ -26,6 +26,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -58,7 +59,10 @@ class ReplicaGroup {
   int size() const { return options_.replicas; }
   // The generation this replica's group formed at, and each rank's public address in it.
   int64_t generation() const { return generation_; }
-  const std::vector<std::string>& addresses() const { return addresses_; }
+  std::vector<std::string> addresses() const;
+  // The public address of the replica that serves `client_id` (server/placement.h, over every rank
+  // of the set), or empty when this one does.
+  std::string OwnerAddress(const std::string& client_id) const;
   // The store's newest generation: above generation() when a replica joined since this group formed.
   int64_t NewestGeneration();
   // Forms the group again at the newest generation (after a refusal, or a collective that failed
@@ -83,8 +87,9 @@ class ReplicaGroup {
   ReplicaIdentity identity_;
   std::unique_ptr<Store> store_;  // the c10d store and this generation's process group
   std::atomic<bool> cancelled_{false};
-  int64_t generation_ = 0;
-  std::vector<std::string> addresses_;
+  std::atomic<int64_t> generation_{0};
+  mutable std::mutex addresses_mutex_;
+  std::vector<std::string> addresses_;  // of generation_ (addresses_mutex_)
 };
 
 // The fields of `mine` that differ from `theirs` ("cut_layer: 2 here, 3 at rank 0"), joined with

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import unittest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -81,7 +82,7 @@ class Programs(unittest.TestCase):
                 self.assertEqual(out.returncode, code, out.stdout + out.stderr)
                 self.assertIn(message, out.stdout + out.stderr)
 
-    def test_two_servers_form_a_replica_set_and_one_of_another_run_is_refused(self):
+    def test_two_servers_form_a_replica_set_place_clients_and_refuse_one_of_another_run(self):
         def free_port():
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
@@ -90,15 +91,18 @@ class Programs(unittest.TestCase):
         rendezvous = f"127.0.0.1:{free_port()}"
 
         def server_args(rank, *extra):
+            address = f"127.0.0.1:{free_port()}"  # where clients reach it: what it listens on
             return [os.path.join(BIN, "amaq-server"), "--model", os.path.join(ROOT, "models", "amaq-base"), "--insecure", "true",
-                    "--listen", "127.0.0.1:0", "--port_file", os.path.join(work, f"port-{rank}"), "--shared_lora", "true",
+                    "--listen", address, "--port_file", os.path.join(work, f"port-{rank}"), "--shared_lora", "true",
                     "--replicas", "2", "--replica_rank", str(rank), "--rendezvous", rendezvous,
-                    "--public_address", f"127.0.0.1:{free_port()}", "--replica_timeout_seconds", "60",
+                    "--public_address", address, "--replica_timeout_seconds", "60",
                     "--replica_sync_seconds", "0.2", "--threads", "1", *extra]
         logs = [open(os.path.join(work, f"server-{rank}.log"), "w+") for rank in (0, 1)]
         for log in logs:
             self.addCleanup(log.close)
-        rank0 = subprocess.Popen(server_args(0), stdout=logs[0], stderr=subprocess.STDOUT)
+        metrics = f"127.0.0.1:{free_port()}"
+        rank0 = subprocess.Popen(server_args(0, "--metrics_listen", metrics, "--metrics_public", "true"), stdout=logs[0],
+                                 stderr=subprocess.STDOUT)
         try:
             other_run = subprocess.run(server_args(1, "--lr", "0.5"), capture_output=True, text=True, timeout=120)
             self.assertNotEqual(other_run.returncode, 0, other_run.stdout + other_run.stderr)
@@ -106,11 +110,34 @@ class Programs(unittest.TestCase):
             self.assertIn("lr: 0.5 here, 0.002 at rank 0", other_run.stdout + other_run.stderr)
             rank1 = subprocess.Popen(server_args(1), stdout=logs[1], stderr=subprocess.STDOUT)
             try:
+                ports = []
                 for rank in (0, 1):  # a replica serves once the set has formed
-                    deadline = time.time() + 60
-                    while not os.path.exists(os.path.join(work, f"port-{rank}")) and time.time() < deadline:
+                    path, deadline = os.path.join(work, f"port-{rank}"), time.time() + 60
+                    while not (os.path.exists(path) and open(path).read().endswith("\n")) and time.time() < deadline:
                         time.sleep(0.1)
+                    ports.append(open(path).read().strip())
+                # Four clients all given rank 0: those rank 1 owns are sent there and train there.
+                sent = []
+                for i in range(4):
+                    client = subprocess.run(
+                        [os.path.join(BIN, "amaq-client"), "--server", f"127.0.0.1:{ports[0]}", "--insecure", "true",
+                         "--client_id", f"client-{i}", "--model", os.path.join(ROOT, "models", "amaq-base"),
+                         "--data", os.path.join(ROOT, "data"), "--steps", "1", "--batch", "4", "--micro_batches", "1",
+                         "--eval_examples", "4", "--threads", "1", "--progress", "false"],
+                        capture_output=True, text=True, timeout=120)
+                    self.assertEqual(client.returncode, 0, client.stdout + client.stderr)
+                    if "serves client client-" in client.stdout + client.stderr:
+                        self.assertRegex(client.stdout + client.stderr,
+                                         f"127.0.0.1:[0-9]+ serves client client-{i} \\(answered by 127.0.0.1:{ports[0]}\\)")
+                        sent.append(f"client-{i}")
+                self.assertTrue(0 < len(sent) < 4, f"rank 1 owns some of the four and rank 0 the others: {sent}")
                 time.sleep(1)  # a few synchronisations of the shared LoRA
+                page = urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10).read().decode()
+                self.assertIn("\namaq_replica_rank 0\n", page)
+                self.assertIn("\namaq_replicas 2\n", page)
+                self.assertRegex(page, "\namaq_replica_synchronisations_total [1-9]")
+                for i in range(4):  # the steps /metrics counts are those of the clients served here
+                    self.assertEqual(f'amaq_steps_total{{client="client-{i}"}} 1' in page, f"client-{i}" not in sent, page)
                 for rank, process in ((1, rank1), (0, rank0)):
                     process.send_signal(signal.SIGTERM)
                     self.assertEqual(process.wait(timeout=60), 0)
@@ -123,6 +150,9 @@ class Programs(unittest.TestCase):
             log = logs[rank].read()
             self.assertIn(f"replica {rank} of 2: the replica set formed at generation", log)
             self.assertRegex(log, f"replica {rank} of 2: the shared LoRA averaged over the replicas [1-9]")
+            for i in range(4):  # each client's session on its owner alone
+                owner = 1 if f"client-{i}" in sent else 0
+                self.assertEqual(f"client client-{i} joined" in log, rank == owner, f"rank {rank}, client-{i}: {log}")
 
     def test_generate_quiet_prints_the_continuation_alone(self):
         model = os.path.join(ROOT, "models", "amaq-base")
