@@ -82,6 +82,33 @@ TEST(ReplicaSync, QuietReplicasEndASynchronisationHoldingTheMeanBitForBit) {
   EXPECT_EQ(sync0.failures(), 0);
 }
 
+// A step applied while the average is under way is kept: that replica ends at the mean plus its
+// step's change, the other at the mean.
+TEST(ReplicaSync, AStepAppliedDuringAnAverageIsKept) {
+  TwoReplicas r("replica-sync-during");
+  ReplicaSync sync0(*r.servers[0], *r.groups[0], 3600), sync1(*r.servers[1], *r.groups[1], 3600);
+  Train(*r.servers[0], r.dir, "a", false, 2);
+  Train(*r.servers[1], r.dir, "b", true, 2);
+  const auto before0 = Lora(*r.servers[0], "a"), before1 = Lora(*r.servers[1], "b");
+  // Replica 0 copies its LoRA and waits in the collective for replica 1, which first lets a step
+  // of client "a" through on replica 0 (the step lock is free while the average waits).
+  auto averaging = std::async(std::launch::async, [&] { return sync0.SynchronizeNow(); });
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  Train(*r.servers[0], r.dir, "a", false, 3);
+  const auto stepped = Lora(*r.servers[0], "a");
+  EXPECT_TRUE(sync1.SynchronizeNow());
+  EXPECT_TRUE(averaging.get());
+  const auto after0 = Lora(*r.servers[0], "a"), after1 = Lora(*r.servers[1], "b");
+  bool changed = false;
+  for (size_t i = 0; i < after0.size(); ++i) {
+    const torch::Tensor mean = (before0[i] + before1[i]) / 2, step = stepped[i] - before0[i];
+    changed = changed || step.abs().max().item<float>() > 0;
+    EXPECT_TRUE(torch::allclose(after1[i], mean, 1e-6, 1e-7)) << "tensor " << i;
+    EXPECT_TRUE(torch::allclose(after0[i], mean + step, 1e-5, 1e-6)) << "tensor " << i;
+  }
+  EXPECT_TRUE(changed) << "the step changed the LoRA";
+}
+
 TEST(ReplicaSync, TheScheduleGoesOnAfterAReplicaIsReplaced) {
   TwoReplicas r("replica-sync-replaced");
   Train(*r.servers[0], r.dir, "a", false, 2);
