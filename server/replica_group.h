@@ -41,8 +41,8 @@ struct ReplicaOptions {
   double timeout_seconds = 120;  // for the group to form, and for one collective
 };
 
-// What must be equal on every replica of a run, as (name, value) pairs in a fixed order: the model
-// and cut, the base weights, the server LoRA's settings and the methods' settings.
+// What must be equal on every replica of a run, as (name, value) pairs in a fixed order (the
+// server's: server/replica_sync.h, IdentityOf).
 using ReplicaIdentity = std::vector<std::pair<std::string, std::string>>;
 
 class ReplicaGroup {
