@@ -48,6 +48,13 @@ struct TwoReplicas {
     groups[0] = rank0.get();
     groups[1] = rank1.get();
   }
+  // Client "a" trains on replica 0 and client "b" on replica 1, each `steps` steps, on the parity
+  // data in opposite orders; returns each one's shared LoRA after.
+  std::pair<std::vector<torch::Tensor>, std::vector<torch::Tensor>> TrainBoth(int64_t steps) {
+    Train(*servers[0], dir, "a", false, steps);
+    Train(*servers[1], dir, "b", true, steps);
+    return {Lora(*servers[0], "a"), Lora(*servers[1], "b")};
+  }
   std::future<std::unique_ptr<ReplicaGroup>> JoinAs(int rank) {
     return std::async(std::launch::async,
                       [this, rank] { return ReplicaGroup::Join(set.options[rank], IdentityOf(*servers[rank], options)); });
@@ -62,9 +69,7 @@ struct TwoReplicas {
 TEST(ReplicaSync, QuietReplicasEndASynchronisationHoldingTheMeanBitForBit) {
   TwoReplicas r("replica-sync");
   ReplicaSync sync0(*r.servers[0], *r.groups[0], 3600), sync1(*r.servers[1], *r.groups[1], 3600);
-  Train(*r.servers[0], r.dir, "a", false, 3);
-  Train(*r.servers[1], r.dir, "b", true, 3);
-  const auto before0 = Lora(*r.servers[0], "a"), before1 = Lora(*r.servers[1], "b");
+  const auto [before0, before1] = r.TrainBoth(3);
   bool differ = false;
   for (size_t i = 0; i < before0.size(); ++i) differ = differ || !torch::equal(before0[i], before1[i]);
   ASSERT_TRUE(differ) << "the replicas' clients trained on different data";
@@ -87,9 +92,7 @@ TEST(ReplicaSync, QuietReplicasEndASynchronisationHoldingTheMeanBitForBit) {
 TEST(ReplicaSync, AStepAppliedDuringAnAverageIsKept) {
   TwoReplicas r("replica-sync-during");
   ReplicaSync sync0(*r.servers[0], *r.groups[0], 3600), sync1(*r.servers[1], *r.groups[1], 3600);
-  Train(*r.servers[0], r.dir, "a", false, 2);
-  Train(*r.servers[1], r.dir, "b", true, 2);
-  const auto before0 = Lora(*r.servers[0], "a"), before1 = Lora(*r.servers[1], "b");
+  const auto [before0, before1] = r.TrainBoth(2);
   // Replica 0 copies its LoRA and waits in the collective for replica 1, which first lets a step
   // of client "a" through on replica 0 (the step lock is free while the average waits).
   auto averaging = std::async(std::launch::async, [&] { return sync0.SynchronizeNow(); });
@@ -111,8 +114,7 @@ TEST(ReplicaSync, AStepAppliedDuringAnAverageIsKept) {
 
 TEST(ReplicaSync, TheScheduleGoesOnAfterAReplicaIsReplaced) {
   TwoReplicas r("replica-sync-replaced");
-  Train(*r.servers[0], r.dir, "a", false, 2);
-  Train(*r.servers[1], r.dir, "b", true, 2);
+  r.TrainBoth(2);
   auto sync0 = std::make_unique<ReplicaSync>(*r.servers[0], *r.groups[0], 0.05);
   auto sync1 = std::make_unique<ReplicaSync>(*r.servers[1], *r.groups[1], 0.05);
   auto until = [](const std::function<bool()>& done) {
