@@ -86,7 +86,9 @@ std::unique_ptr<ReplicaGroup> ReplicaGroup::Join(const ReplicaOptions& options, 
   Require(options.timeout_seconds > 0, ErrorCode::kInvalidArgument, "the replicas' timeout must be positive");
   SplitHostPort(options.rendezvous, "rendezvous");
   SplitHostPort(options.public_address, "public_address");
-  std::unique_ptr<ReplicaGroup> group(new ReplicaGroup(options, identity));
+  ReplicaIdentity checked = identity;  // and the size of the set each replica was started with
+  checked.emplace_back("replicas", std::to_string(options.replicas));
+  std::unique_ptr<ReplicaGroup> group(new ReplicaGroup(options, std::move(checked)));
   group->Connect();
   group->CheckIdentity();
   group->store_->tcp->add(kGenerationKey, 1);
@@ -127,8 +129,8 @@ void ReplicaGroup::CheckIdentity() {
   if (!differences.empty()) {
     const std::string message = "replica " + std::to_string(options_.rank) + " is refused from the replica set at " +
                                 options_.rendezvous + ": " + differences +
-                                ": start every replica of a run with the same model, cut_layer, base_weights, LoRA, seed, lr, "
-                                "max_grad_norm and shared_lora";
+                                ": start every replica of a run with the same replicas, model, cut_layer, base_weights, LoRA, "
+                                "seed, lr, max_grad_norm and shared_lora";
     tcp.set(RefusalKey(options_.rank), Bytes(message));
     throw Error(ErrorCode::kFailedPrecondition, message);
   }

@@ -2,14 +2,14 @@
 // on PyTorch's collective engine c10d: no rendezvous or collective of amaq's own.
 //
 // Ranks 0..replicas-1 meet at a c10d TCPStore that rank 0 hosts (`rendezvous`, host:port). Each
-// checks that it serves the same run as rank 0 (its ReplicaIdentity: every field equal, or a
-// refusal naming each field that differs with both values), publishes its public address, and
-// joins a Gloo process group (c10d::ProcessGroupGloo over TCP).
+// checks that it serves the same run as rank 0 (its ReplicaIdentity and `replicas`: every field
+// equal, or a refusal naming each field that differs with both values), publishes its public
+// address, and joins a Gloo process group (c10d::ProcessGroupGloo over TCP).
 //
 // Generations: every Join (a replica's start, or its replacement after a crash) and every Reform
-// adds one to the store's generation counter. The group of generation g forms under the store prefix "g/<g>/"
-// once every rank has arrived at g; a replica that sees a newer generation moves on to it, so
-// replicas started one after another all meet at the newest. When a replica is replaced, the
+// adds one to the store's generation counter. The group of generation g forms under the store
+// prefix "g/<g>/" once every rank has arrived at g; a replica that sees a newer generation moves
+// on to it, so replicas started one after another all meet at the newest. When a replica is replaced, the
 // others keep running: their next collective is refused (kFailedPrecondition, naming both
 // generations) until they call Reform, which forms the group again at the newest generation.
 // A replica behind the newest generation never mixes its tensors into a newer group.

@@ -77,6 +77,14 @@ TEST(ReplicaGroup, AReplicaOfAnotherRunIsRefusedNamingWhatDiffers) {
     EXPECT_NE(std::string(e.what()).find("cut_layer: 3 here, 2 at rank 0; base_weights: nf4 here, absent at rank 0"),
               std::string::npos) << e.what();
   }
+  ReplicaOptions three = set.options[1];
+  three.replicas = 3;
+  try {
+    ReplicaGroup::Join(three, kIdentity);
+    FAIL() << "a replica started for a set of another size joined";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("replicas: 3 here, 2 at rank 0"), std::string::npos) << e.what();
+  }
   try {
     rank0.get();
     FAIL() << "rank 0 formed a group without rank 1";
@@ -84,7 +92,7 @@ TEST(ReplicaGroup, AReplicaOfAnotherRunIsRefusedNamingWhatDiffers) {
     EXPECT_EQ(e.code(), ErrorCode::kUnavailable);
     const std::string message = e.what();
     EXPECT_NE(message.find("rank(s) 1 did not arrive"), std::string::npos) << message;
-    EXPECT_NE(message.find("cut_layer: 3 here, 2 at rank 0"), std::string::npos) << "the refusal, told at rank 0: " << message;
+    EXPECT_NE(message.find("replicas: 3 here, 2 at rank 0"), std::string::npos) << "the last refusal, told at rank 0: " << message;
   }
 }
 
