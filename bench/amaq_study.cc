@@ -3,7 +3,8 @@
 // messages the network path would send, so a run costs compute and no TLS. scripts/study runs the
 // grid (methods x budgets x seeds x tasks) through it, in parallel and resumably.
 //
-// Settings: every amaq-client key (docs/configuration.md) plus the study's own:
+// Settings: every amaq-client key (docs/configuration.md; compute_dtype sets both parts' dtype,
+// base_weights both parts' storage) plus the study's own:
 //   eval_split  tune | report   tune: the data set's validation split (to choose settings on);
 //                               report: the held-out split the study reports (never tuned on)
 //   out         the run's result, one JSON object (written atomically at the end)
@@ -129,6 +130,7 @@ int Run(const Config& c) {
   s.cut_layer = o.cut_layer;
   s.device = "cpu";
   s.base_weights = o.base_weights;
+  s.compute_dtype = o.compute_dtype;  // both parts compute in the one dtype
   s.lora = o.lora;
   s.lr = o.lr;
   s.max_grad_norm = o.max_grad_norm;

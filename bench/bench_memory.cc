@@ -1,6 +1,6 @@
 // A client part's memory and LoRA step speed by how its base weights are held (docs/model.md):
-// fp32, bf16, int8, nf4 and nf4 with recomputed layers, computing in fp32, and nf4 computing in
-// bf16 (QLoRA's recipe), on a model where the weights, not LibTorch's libraries, dominate. It writes
+// fp32, bf16, int8, nf4 and nf4 with recomputed layers, computing in fp32, and fp32, bf16 and nf4
+// computing in bf16 (nf4: QLoRA's recipe), on a model where the weights, not LibTorch's libraries, dominate. It writes
 // a random LLaMA model with TinyLlama-1.1B's shapes (hidden 2048, MLP 5632, 32 heads, 4 key/value
 // heads, vocabulary 32000, tied embedding; CUT + 1 layers) with the project's checkpoint writer
 // into a temporary folder, removed at the end. Each configuration runs in a fresh child process:
@@ -8,11 +8,13 @@
 // [0, CUT) is built and loaded, and STEPS LoRA steps run (forward, backward of a random gradient
 // at the cut, AdamW); the peak is the process's high-water RSS (VmHWM).
 // Children return large frees to the system as amaq-client does when asked to save memory
-// (common/base/memory.h: any base_weights but fp32, recomputation or bf16 compute); plain fp32
-// runs both ways.
+// (common/base/memory.h: any base_weights but fp32, or recomputation); fp32 weights run both ways,
+// computing in fp32 or in bf16 (which returned them until 2026-12-07).
 // Only the parent forks, and it never runs LibTorch itself.
-// With MODEL_DIR, the client part of that model instead (e.g. models/smollm2-135m-instruct).
-//   bench_memory [CUT] [BATCH] [TOKENS] [STEPS] [MODEL_DIR]     (defaults: 4 1 256 3, the random model)
+// With MODEL_DIR, the client part of that model instead (e.g. models/smollm2-135m-instruct);
+// THREADS: LibTorch's compute threads in each child.
+//   bench_memory [CUT] [BATCH] [TOKENS] [STEPS] [MODEL_DIR|random] [THREADS]
+//   (defaults: 4 1 256 3 random 2)
 #include <sys/wait.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -88,13 +90,13 @@ std::string InChild(const std::function<std::string()>& body) {
 }
 
 struct Setup {
-  int64_t cut, batch, tokens, steps;
+  int64_t cut, batch, tokens, steps, threads;
 };
 
 std::string Measure(const std::string& dir, const Setup& s, BaseWeights format, bool recompute, bool return_frees,
                     torch::Dtype compute) {
   if (return_frees) ReturnLargeFreesToTheSystem();
-  SetComputeThreads(2);
+  SetComputeThreads(static_cast<int>(s.threads));
   (torch::ones({64, 64}).matmul(torch::ones({64, 64}))).sum().item<float>();  // load and start LibTorch
   const double fixed = StatusMiB("VmRSS");
   const ModelConfig c = ModelConfig::Load(dir + "/config.json");
@@ -134,12 +136,14 @@ std::string Measure(const std::string& dir, const Setup& s, BaseWeights format, 
 
 int main(int argc, char** argv) {
   const Setup s{argc > 1 ? std::stoll(argv[1]) : 4, argc > 2 ? std::stoll(argv[2]) : 1,
-                argc > 3 ? std::stoll(argv[3]) : 256, argc > 4 ? std::stoll(argv[4]) : 3};
-  if (s.cut < 1 || s.batch < 1 || s.tokens < 1 || s.steps < 2) {
-    std::fprintf(stderr, "usage: bench_memory [CUT >= 1] [BATCH >= 1] [TOKENS >= 1] [STEPS >= 2] [MODEL_DIR]\n");
+                argc > 3 ? std::stoll(argv[3]) : 256, argc > 4 ? std::stoll(argv[4]) : 3,
+                argc > 6 ? std::stoll(argv[6]) : 2};
+  if (s.cut < 1 || s.batch < 1 || s.tokens < 1 || s.steps < 2 || s.threads < 1) {
+    std::fprintf(stderr, "usage: bench_memory [CUT >= 1] [BATCH >= 1] [TOKENS >= 1] [STEPS >= 2] [MODEL_DIR|random] "
+                         "[THREADS >= 1]\n");
     return 2;
   }
-  const bool random_model = argc <= 5;
+  const bool random_model = argc <= 5 || std::string(argv[5]) == "random";
   const std::string dir = random_model ? (std::filesystem::temp_directory_path() / ("amaq-bench-memory-" + std::to_string(getpid()))).string()
                                        : std::string(argv[5]);
   const std::string written = !random_model ? "ok" : InChild([&] {
@@ -155,9 +159,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::printf("client part: embedding + layers [0, %lld) of %s; "
-              "LoRA rank 16 on every projection; batch %lld x %lld tokens; %lld steps; 2 threads. MiB.\n\n",
+              "LoRA rank 16 on every projection; batch %lld x %lld tokens; %lld steps; %lld threads. MiB.\n\n",
               static_cast<long long>(s.cut), random_model ? "a random model with TinyLlama-1.1B's shapes" : dir.c_str(), static_cast<long long>(s.batch), static_cast<long long>(s.tokens),
-              static_cast<long long>(s.steps));
+              static_cast<long long>(s.steps), static_cast<long long>(s.threads));
   std::printf("| base weights | base bytes | LoRA bytes | libraries (RSS before) | after loading | peak | tokens/s |\n"
               "|---|---|---|---|---|---|---|\n");
   int failures = 0;
@@ -168,7 +172,9 @@ int main(int argc, char** argv) {
   };
   const torch::Dtype fp32 = torch::kFloat, bf16 = torch::kBFloat16;
   for (const Row& r : {Row{BaseWeights::kFp32, false, false, fp32}, Row{BaseWeights::kFp32, false, true, fp32},
-                       Row{BaseWeights::kFp32, true, true, fp32}, Row{BaseWeights::kBf16, false, true, fp32},
+                       Row{BaseWeights::kFp32, true, true, fp32}, Row{BaseWeights::kFp32, false, true, bf16},
+                       Row{BaseWeights::kFp32, false, false, bf16}, Row{BaseWeights::kBf16, false, true, fp32},
+                       Row{BaseWeights::kBf16, false, true, bf16},
                        Row{BaseWeights::kInt8, false, true, fp32},
                        Row{BaseWeights::kNf4, false, true, fp32}, Row{BaseWeights::kNf4, true, true, fp32},
                        Row{BaseWeights::kNf4, false, true, bf16}, Row{BaseWeights::kNf4, true, true, bf16}}) {
