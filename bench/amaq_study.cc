@@ -3,12 +3,13 @@
 // messages the network path would send, so a run costs compute and no TLS. scripts/study runs the
 // grid (methods x budgets x seeds x tasks) through it, in parallel and resumably.
 //
-// Settings: every amaq-client key (docs/configuration.md; compute_dtype sets both parts' dtype,
-// base_weights both parts' storage) plus the study's own:
+// Settings: every amaq-client key (docs/configuration.md; base_weights sets both parts') plus the
+// study's own:
 //   eval_split  tune | report   tune: the data set's validation split (to choose settings on);
 //                               report: the held-out split the study reports (never tuned on)
 //   out         the run's result, one JSON object (written atomically at the end)
 //   channels    per-channel cut statistics and, for AMAQ, final widths (0 otherwise), CSV
+//   server_compute_dtype   fp32 | bf16: the server part's (compute_dtype is the client part's)
 //   curve       the run's per-step CSV (the client's own format)
 // The result names its build: the commit and whether the tree was dirty when it was built, the
 // LibTorch version, the compiler and the CPU (scripts/study refuses to pair runs of two commits).
@@ -73,6 +74,8 @@ Config StudyConfig() {
   c.AddString("eval_split", "report", "which split the final metric is measured on", {"tune", "report"});
   c.AddString("out", "", "where the run's JSON result goes (required)");
   c.AddString("channels", "", "per-channel cut statistics (and AMAQ's widths; 0 for other methods) as CSV (empty: none)");
+  c.AddString("server_compute_dtype", "fp32", "dtype of the server layers' activations (compute_dtype: the client's)",
+              {"fp32", "bf16"});
   return c;
 }
 
@@ -130,7 +133,7 @@ int Run(const Config& c) {
   s.cut_layer = o.cut_layer;
   s.device = "cpu";
   s.base_weights = o.base_weights;
-  s.compute_dtype = o.compute_dtype;  // both parts compute in the one dtype
+  s.compute_dtype = c.String("server_compute_dtype");
   s.lora = o.lora;
   s.lr = o.lr;
   s.max_grad_norm = o.max_grad_norm;
@@ -161,6 +164,7 @@ int Run(const Config& c) {
   j["seed"] = o.seed;
   j["base_weights"] = o.base_weights;
   j["compute_dtype"] = o.compute_dtype;
+  j["server_compute_dtype"] = s.compute_dtype;
   j["steps"] = steps;
   j["batch"] = o.batch;
   j["micro_batches"] = r[steps - 1].parts;  // parts per step (auto in one process: 1): their codec messages are counted in the bytes
