@@ -149,7 +149,9 @@ TEST(ReplicaSync, TheIdentityNamesWhatMakesReplicasOneRun) {
   ServerOptions other = options;
   other.lr = 0.5;
   other.lora.rank = 4;
-  EXPECT_EQ(IdentityDifferences(IdentityOf(server, other), identity), "lora_rank: 4 here, 8 at rank 0; lr: 0.5 here, 0.01 at rank 0");
+  other.compute_dtype = "bf16";
+  EXPECT_EQ(IdentityDifferences(IdentityOf(server, other), identity),
+            "compute_dtype: bf16 here, fp32 at rank 0; lora_rank: 4 here, 8 at rank 0; lr: 0.5 here, 0.01 at rank 0");
   other = options;
   other.cut_layer = 1;
   SplitServer cut_elsewhere(other);
