@@ -1,11 +1,12 @@
 #!/usr/bin/python3
 """deploy_test.py BIN_DIR: deploy/ is consistent with the programs it runs.
 
-- Kubernetes (deploy/k8s, rendered by `kubectl kustomize`): every amaq container's arguments pass
-  the program's own --check_config (with its ConfigMap as the --config file, each Job index
-  substituted), every path they name lies on a volume that holds it (a Secret's or ConfigMap's
-  key, a writable volume for what the program writes), and ports, probes, Services, the
-  ServiceMonitor, NetworkPolicies and claims refer to what exists.
+- Kubernetes (deploy/k8s and its two-replica overlay deploy/k8s-replicas, rendered by `kubectl
+  kustomize`): every amaq container's arguments pass the program's own --check_config (with its
+  ConfigMap as the --config file, each Job index and StatefulSet pod substituted), every path they
+  name lies on a volume that holds it (a Secret's or ConfigMap's key, a writable volume for what
+  the program writes), and ports, probes, Services, the ServiceMonitor, NetworkPolicies and claims
+  refer to what exists; the replicas' ranks, addresses and rendezvous name their own pods.
 - Compose (deploy/compose.yaml): the same for each amaq command, and the link through amaq-netem.
 - Prometheus (deploy/prometheus): promtool checks the configuration and the rules and runs the
   rules' unit tests; alerts and the Grafana dashboard use only metrics amaq-server exports.
@@ -67,34 +68,54 @@ def metric_names(expr):
 
 
 class Kubernetes(unittest.TestCase):
+    KUSTOMIZATION = "k8s"
+
     @classmethod
     def setUpClass(cls):
         if not shutil.which("kubectl"):
             raise unittest.SkipTest("kubectl not installed: the Kubernetes manifests were not checked")
-        text = subprocess.run(["kubectl", "kustomize", os.path.join(DEPLOY, "k8s")], check=True, capture_output=True,
-                              text=True).stdout
+        text = subprocess.run(["kubectl", "kustomize", os.path.join(DEPLOY, cls.KUSTOMIZATION)], check=True,
+                              capture_output=True, text=True).stdout
         cls.objects = [o for o in yaml.safe_load_all(text) if o]
         cls.by_kind = {}
         for o in cls.objects:
             cls.by_kind.setdefault(o["kind"], {})[o["metadata"]["name"]] = o
 
     def workloads(self):
-        """(workload, pod spec, container, indices) for every amaq container."""
-        for kind in ("Deployment", "Job"):
+        """(workload, pod spec, container, indices) for every amaq container: a Job's completion
+        indices, a StatefulSet's pod ordinals."""
+        for kind in ("Deployment", "StatefulSet", "Job"):
             for w in self.by_kind.get(kind, {}).values():
-                spec = w["spec"]["template"]["spec"]
-                indices = range(w["spec"].get("completions", 1)) if kind == "Job" else [None]
+                spec = dict(w["spec"]["template"]["spec"])
+                # A StatefulSet's claim templates are volumes of its pods, one claim per pod.
+                spec["volumes"] = spec.get("volumes", []) + [
+                    {"name": t["metadata"]["name"], "persistentVolumeClaim": {"claimName": t["metadata"]["name"]}}
+                    for t in w["spec"].get("volumeClaimTemplates", [])]
+                indices = {"Job": range(w["spec"].get("completions", 1)),
+                           "StatefulSet": range(w["spec"].get("replicas", 1))}.get(kind, [None])
                 for c in spec["containers"]:
                     if c["image"].split(":")[0].startswith("amaq-"):
                         yield w, spec, c, indices
 
-    def expand(self, container, args, index):
-        """$(VAR) in args from the container's env; the Job index for the completion-index annotation."""
+    def expand(self, workload, container, args, index):
+        """$(VAR) in args from the container's env: the index for a Job's completion-index
+        annotation or a StatefulSet's pod-index label, the pod's name for metadata.name."""
         values = {}
         for e in container.get("env", []):
             ref = e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath", "")
-            values[e["name"]] = str(index) if "job-completion-index" in ref else e.get("value", "")
+            if "job-completion-index" in ref or "pod-index" in ref:
+                values[e["name"]] = str(index)
+            elif ref == "metadata.name":
+                values[e["name"]] = f"{workload['metadata']['name']}-{index}"
+            else:
+                values[e["name"]] = e.get("value", "")
         return [re.sub(r"\$\((\w+)\)", lambda m: values[m.group(1)], a) for a in args]
+
+    def claims(self):
+        """The claims a pod may mount: the PersistentVolumeClaims and the StatefulSets' templates."""
+        return set(self.by_kind.get("PersistentVolumeClaim", {})) | {
+            t["metadata"]["name"] for w in self.by_kind.get("StatefulSet", {}).values()
+            for t in w["spec"].get("volumeClaimTemplates", [])}
 
     def mount_for(self, spec, container, path, index):
         """The (volume, mount) holding `path`, the longest mount path first."""
@@ -117,7 +138,7 @@ class Kubernetes(unittest.TestCase):
         for w, spec, c, indices in self.workloads():
             program = c["image"].split(":")[0]
             for index in indices:
-                args = self.expand(c, c["args"], index)
+                args = self.expand(w, c, c["args"], index)
                 with tempfile.NamedTemporaryFile("w", suffix=".yaml") as cfg:
                     cfg.write(self.config_text(spec, c, flags(args)["config"]))
                     cfg.flush()
@@ -132,7 +153,7 @@ class Kubernetes(unittest.TestCase):
     def test_paths_lie_on_volumes_that_hold_them(self):
         for w, spec, c, indices in self.workloads():
             for index in indices:
-                args = self.expand(c, c["args"], index)
+                args = self.expand(w, c, c["args"], index)
                 s = settings(self.config_text(spec, c, flags(args)["config"]), args)
                 for key, value in s.items():
                     if not value.startswith("/") or key == "config":
@@ -146,11 +167,11 @@ class Kubernetes(unittest.TestCase):
                         self.assertIn(os.path.relpath(value, mount["mountPath"]), items, f"{where}: not a key of the Secret")
                     if "persistentVolumeClaim" in volume:
                         claim = volume["persistentVolumeClaim"]["claimName"]
-                        self.assertIn(claim, self.by_kind["PersistentVolumeClaim"], f"{where}: no claim {claim}")
+                        self.assertIn(claim, self.claims(), f"{where}: no claim {claim}")
 
     def test_ports_probes_services_and_policies_line_up(self):
-        deployment = self.by_kind["Deployment"]["amaq-server"]
-        pod = deployment["spec"]["template"]
+        server = self.by_kind["StatefulSet"]["amaq-server"]
+        pod = server["spec"]["template"]
         c = pod["spec"]["containers"][0]
         ports = {p["name"]: p["containerPort"] for p in c["ports"]}
         s = settings(self.config_text(pod["spec"], c, flags(c["args"])["config"]), c["args"])
@@ -162,6 +183,10 @@ class Kubernetes(unittest.TestCase):
         self.assertEqual(c["readinessProbe"]["httpGet"]["path"], "/readyz")
         self.assertIn("nvidia.com/gpu", c["resources"]["limits"])
         self.assertGreaterEqual(pod["spec"]["terminationGracePeriodSeconds"], 30, "the drain and the checkpoint")
+        headless = self.by_kind["Service"][server["spec"]["serviceName"]]
+        self.assertEqual(headless["spec"]["clusterIP"], "None", "each server pod has its own name")
+        self.assertTrue(headless["spec"]["publishNotReadyAddresses"], "replicas meet before they are ready")
+        self.assertEqual(server["spec"]["podManagementPolicy"], "Parallel", "replicas start together")
         labels = pod["metadata"]["labels"]
         for svc in self.by_kind["Service"].values():
             self.assertLessEqual(svc["spec"]["selector"].items(), labels.items(), svc["metadata"]["name"])
@@ -186,6 +211,33 @@ class Kubernetes(unittest.TestCase):
         service = self.by_kind["Service"][host]
         self.assertIn(int(port), [p["port"] for p in service["spec"]["ports"]], "the clients' server address")
         self.assertEqual(int(js["shard_count"]), job["spec"]["completions"], "one shard per Job index")
+
+
+class KubernetesReplicas(Kubernetes):
+    """deploy/k8s-replicas: the same checks, and the replica set's own settings."""
+    KUSTOMIZATION = "k8s-replicas"
+
+    def test_each_pod_is_its_rank_at_its_own_name_and_rank_0_keeps_the_rendezvous(self):
+        server = self.by_kind["StatefulSet"]["amaq-server"]
+        pod = server["spec"]["template"]
+        c = pod["spec"]["containers"][0]
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        headless = server["spec"]["serviceName"]
+        replicas = server["spec"]["replicas"]
+        self.assertGreater(replicas, 1)
+        config = self.config_text(pod["spec"], c, flags(c["args"])["config"])
+        for index in range(replicas):
+            s = settings(config, self.expand(server, c, c["args"], index))
+            self.assertEqual(int(s["replicas"]), replicas)
+            self.assertEqual(int(s["replica_rank"]), index)
+            self.assertEqual(s["public_address"], f"amaq-server-{index}.{headless}:{port_of(s['listen'])}")
+            host, port = s["rendezvous"].rsplit(":", 1)
+            self.assertEqual(host, f"amaq-server-0.{headless}", "rank 0 keeps the rendezvous")
+            self.assertIn(int(port), ports.values(), "the rendezvous port is declared")
+        policy = self.by_kind["NetworkPolicy"]["amaq-server"]["spec"]
+        between = {"podSelector": {"matchLabels": pod["metadata"]["labels"]}}
+        self.assertIn({"from": [between]}, policy["ingress"], "Gloo's ports: every port between server pods")
+        self.assertIn({"to": [between]}, policy["egress"])
 
 
 class Compose(unittest.TestCase):
