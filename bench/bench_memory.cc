@@ -1,9 +1,9 @@
 // A client part's memory and LoRA step speed by how its base weights are held (docs/model.md):
 // fp32, bf16, int8, nf4 and nf4 with recomputed layers, computing in fp32, and fp32, bf16 and nf4
-// computing in bf16 (nf4: QLoRA's recipe), on a model where the weights, not LibTorch's libraries, dominate. It writes
-// a random LLaMA model with TinyLlama-1.1B's shapes (hidden 2048, MLP 5632, 32 heads, 4 key/value
-// heads, vocabulary 32000, tied embedding; CUT + 1 layers) with the project's checkpoint writer
-// into a temporary folder, removed at the end. Each configuration runs in a fresh child process:
+// computing in bf16 (nf4: QLoRA's recipe), on a model where the weights, not LibTorch's
+// libraries, dominate. It writes a random LLaMA model with TinyLlama-1.1B's shapes (hidden 2048,
+// MLP 5632, 32 heads, 4 key/value heads, vocabulary 32000, tied embedding; CUT + 1 layers) with
+// the project's checkpoint writer into a temporary folder, removed at the end. Each configuration runs in a fresh child process:
 // RSS once LibTorch has run an operation (the libraries' fixed cost), then the client part
 // [0, CUT) is built and loaded, and STEPS LoRA steps run (forward, backward of a random gradient
 // at the cut, AdamW); the peak is the process's high-water RSS (VmHWM).

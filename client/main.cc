@@ -43,7 +43,7 @@ int Run(const Config& c) {
   client::ClientOptions o = client::ClientOptionsFrom(c);
   o.stop = &stop;
   // Asked to save memory. Not for bf16 compute alone: its activations are already half as large,
-  // and the page faults of fresh mappings cost it a quarter of its speed (docs/benchmarks.md).
+  // and the page faults of fresh mappings cost it a fifth of its speed (docs/benchmarks.md).
   if (o.base_weights != "fp32" || o.recompute_layers) ReturnLargeFreesToTheSystem();
   client::SplitClient split(o, std::move(data), transport);
   double metric = 0;
