@@ -129,8 +129,8 @@ void ReplicaGroup::CheckIdentity() {
   if (!differences.empty()) {
     const std::string message = "replica " + std::to_string(options_.rank) + " is refused from the replica set at " +
                                 options_.rendezvous + ": " + differences +
-                                ": start every replica of a run with the same replicas, model, cut_layer, base_weights, LoRA, "
-                                "seed, lr, max_grad_norm and shared_lora";
+                                ": start every replica of a run with the same replicas, model, cut_layer, base_weights, "
+                                "compute_dtype, LoRA, seed, lr, max_grad_norm and shared_lora";
     tcp.set(RefusalKey(options_.rank), Bytes(message));
     throw Error(ErrorCode::kFailedPrecondition, message);
   }
