@@ -3,11 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "common/model/checkpoint.h"
 #include "common/model/compute_dtype.h"
 #include "common/model/frozen_weight.h"
 #include "common/model/int8_weight.h"
+#include "common/model/nf4_rows.h"
 #include "common/model/nf4_weight.h"
 #include "common/base/error.h"
 #include "model_test_util.h"
@@ -245,6 +247,49 @@ TEST(Nf4Weight, DequantizesToTheCodecsValues) {
   EXPECT_TRUE(torch::equal(nf4.Dense(torch::kFloat), want));
   EXPECT_TRUE(torch::equal(nf4.Dense(torch::kBFloat16), want.to(torch::kBFloat16)));
   EXPECT_GT((nf4.Dense(torch::kFloat) - w).abs().max().item<float>(), 0.0f);  // it is lossy
+}
+
+// The one-pass rebuild (nf4_rows.h) against the table lookup's tensor operations, on LibTorch's
+// two threads: rows that begin and end inside blocks, a part of the weight larger than a
+// thread's share, fp32 and bf16.
+TEST(Nf4Weight, OnePassRowsAreTheTensorOperationsRows) {
+  torch::manual_seed(9);
+  const Nf4Weight nf4 = Nf4Weight::Quantize(torch::randn({704, 120}) * 0.02);  // rows of 120: blocks straddle rows
+  const int threads = torch::get_num_threads();
+  torch::set_num_threads(2);
+  for (const torch::Dtype dtype : {torch::kFloat, torch::kBFloat16}) {
+    for (const auto& [first, count] : std::vector<std::pair<int64_t, int64_t>>{{0, 704}, {3, 1}, {5, 611}, {703, 1}}) {
+      EXPECT_TRUE(torch::equal(nf4.DenseRows(first, count, dtype), nf4.DenseRowsByTensorOps(first, count, dtype)))
+          << first << "+" << count << " " << dtype;
+    }
+  }
+  torch::set_num_threads(threads);
+}
+
+// The AVX-512 pass against the portable one, bit for bit, on random codes and scales: blocks of
+// 64 (whole blocks 32 weights at a time), of 48 (one weight at a time), ranges cut inside blocks.
+TEST(Nf4Rows, Avx512PassIsThePortablePass) {
+  if (!Nf4HasAvx512()) GTEST_SKIP() << "this CPU has no AVX-512F, so its pass cannot run here (the portable pass is the one used)";
+  torch::manual_seed(10);
+  const int64_t n = 64 * 48 * 40;
+  const torch::Tensor codes = torch::randint(0, 256, {n / 2}, torch::kUInt8);
+  const torch::Tensor scale_codes = torch::randint(-127, 128, {n / 16}, torch::kInt8);
+  const torch::Tensor steps = torch::rand({n / 16}) * 1e-3;
+  for (const int64_t block : {64, 48}) {
+    const Nf4View view{quant::Nf4Levels().data(), codes.data_ptr<uint8_t>(), scale_codes.data_ptr<int8_t>(),
+                       steps.data_ptr<float>(), 0.05f, block, 3};
+    for (const auto& [first, count] : std::vector<std::pair<int64_t, int64_t>>{{0, n}, {7, 1000}, {64, 96}, {n - 33, 33}}) {
+      std::vector<float> portable(count), avx512(count);
+      std::vector<uint16_t> portable_bf16(count), avx512_bf16(count);
+      nf4_serial::Portable(view, first, count, portable.data());
+      nf4_serial::Avx512(view, first, count, avx512.data());
+      nf4_serial::Portable(view, first, count, portable_bf16.data());
+      nf4_serial::Avx512(view, first, count, avx512_bf16.data());
+      EXPECT_EQ(std::memcmp(portable.data(), avx512.data(), count * sizeof(float)), 0) << block << " " << first;
+      EXPECT_EQ(portable_bf16, avx512_bf16) << block << " " << first;
+      EXPECT_GT(*std::max_element(portable.begin(), portable.end()), 0.0f);  // not all zero: the pass wrote
+    }
+  }
 }
 
 TEST(Nf4Weight, ProductAndItsGradientAreThoseOfTheDequantizedWeight) {

@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "common/model/nf4_rows.h"
+
 namespace amaq {
 namespace {
 
@@ -38,6 +40,19 @@ Nf4Weight Nf4Weight::Quantize(const torch::Tensor& weight, const quant::Nf4Optio
 }
 
 torch::Tensor Nf4Weight::DenseRows(int64_t first, int64_t count, torch::Dtype dtype) const {
+  if (!codes_.is_cpu() || (dtype != torch::kFloat && dtype != torch::kBFloat16)) return DenseRowsByTensorOps(first, count, dtype);
+  const Nf4View view{quant::Nf4Levels().data(), codes_.data_ptr<uint8_t>(), scale_codes_.data_ptr<int8_t>(),
+                     scale_steps_.data_ptr<float>(), scale_mean_, block_, scale_block_};
+  torch::Tensor rows = torch::empty({count, in_}, torch::dtype(dtype));
+  if (dtype == torch::kFloat) {
+    RebuildNf4Rows(view, first * in_, count * in_, rows.data_ptr<float>());
+  } else {
+    RebuildNf4Rows(view, first * in_, count * in_, reinterpret_cast<uint16_t*>(rows.data_ptr<at::BFloat16>()));
+  }
+  return rows;
+}
+
+torch::Tensor Nf4Weight::DenseRowsByTensorOps(int64_t first, int64_t count, torch::Dtype dtype) const {
   // The blocks [b0, b1) that hold elements [e0, e1); a block may straddle two rows.
   const int64_t e0 = first * in_, e1 = (first + count) * in_;
   const int64_t b0 = e0 / block_, b1 = (e1 + block_ - 1) / block_;

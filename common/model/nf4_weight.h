@@ -2,7 +2,8 @@
 // of 64 with double-quantized 8-bit scales, ~4.13 bits a weight) in tensors on the model's
 // device. Dense rebuilds W from the codes (FrozenWeight: inside each product, forward and
 // backward alike, a block of rows at a time), through a 256-entry table of code pairs so that the
-// rebuild's temporaries stay near the size of the rows rebuilt, in the compute dtype.
+// rebuild's temporaries stay near the size of the rows rebuilt, in the compute dtype. On the CPU,
+// fp32 and bf16 rows are written in one pass over the codes instead (common/model/nf4_rows.h).
 #pragma once
 
 #include <torch/torch.h>
@@ -22,6 +23,9 @@ class Nf4Weight : public FrozenWeight {
   // Rows of W as `dtype` on the weight's device: level(code) * its block's scale, exactly the
   // values of quant::Nf4Weights::Dequantize. Only the blocks that hold those rows are rebuilt.
   torch::Tensor DenseRows(int64_t first, int64_t count, torch::Dtype dtype) const override;
+  // The same rows by tensor operations on any device (the table of code pairs): DenseRows' path
+  // off the CPU and for other dtypes.
+  torch::Tensor DenseRowsByTensorOps(int64_t first, int64_t count, torch::Dtype dtype) const;
 
   // Moves the stored tensors (their dtypes never change: codes stay 4-bit whatever the model's).
   void To(const torch::Device& device) override;

@@ -1,0 +1,76 @@
+#include "common/model/nf4_rows.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+
+#include <algorithm>
+
+namespace amaq {
+namespace {
+
+constexpr int64_t kGrainElements = int64_t{1} << 15;  // a thread's least share: 32K weights
+
+float BlockScale(const Nf4View& w, int64_t b) {  // as quant::Nf4Weights::BlockScale
+  return std::max(0.0f, w.scale_mean + static_cast<float>(w.scale_codes[b]) * w.scale_steps[b / w.scale_block]);
+}
+
+template <typename Store>
+void PortablePass(const Nf4View& w, int64_t first, int64_t count, Store store) {
+  const int64_t last = first + count;
+  for (int64_t i = first; i < last;) {
+    const int64_t b = i / w.block, block_end = std::min(last, (b + 1) * w.block);
+    const float scale = BlockScale(w, b);
+    for (; i < block_end; ++i) store(i - first, w.levels[(w.codes[i / 2] >> (4 * (i % 2))) & 0xF] * scale);
+  }
+}
+
+// Splits [first, first + count) at block boundaries over LibTorch's intra-op threads.
+template <typename Out, typename Pass>
+void InParallel(const Nf4View& w, int64_t first, int64_t count, Out* out, Pass pass) {
+  const int64_t b0 = first / w.block, b1 = (first + count + w.block - 1) / w.block;
+  at::parallel_for(b0, b1, std::max<int64_t>(1, kGrainElements / w.block), [&](int64_t begin, int64_t end) {
+    const int64_t e0 = std::max(first, begin * w.block), e1 = std::min(first + count, end * w.block);
+    pass(w, e0, e1 - e0, out + (e0 - first));
+  });
+}
+
+}  // namespace
+
+namespace nf4_serial {
+
+void Portable(const Nf4View& w, int64_t first, int64_t count, float* out) {
+  PortablePass(w, first, count, [out](int64_t i, float v) { out[i] = v; });
+}
+
+void Portable(const Nf4View& w, int64_t first, int64_t count, uint16_t* out_bf16) {
+  PortablePass(w, first, count, [out_bf16](int64_t i, float v) { out_bf16[i] = c10::BFloat16(v).x; });
+}
+
+}  // namespace nf4_serial
+
+bool Nf4HasAvx512() {
+  static const bool has = __builtin_cpu_supports("avx512f");
+  return has;
+}
+
+void RebuildNf4RowsPortable(const Nf4View& w, int64_t first, int64_t count, float* out) {
+  InParallel(w, first, count, out, [](auto&&... a) { nf4_serial::Portable(a...); });
+}
+void RebuildNf4RowsPortable(const Nf4View& w, int64_t first, int64_t count, uint16_t* out_bf16) {
+  InParallel(w, first, count, out_bf16, [](auto&&... a) { nf4_serial::Portable(a...); });
+}
+void RebuildNf4RowsAvx512(const Nf4View& w, int64_t first, int64_t count, float* out) {
+  InParallel(w, first, count, out, [](auto&&... a) { nf4_serial::Avx512(a...); });
+}
+void RebuildNf4RowsAvx512(const Nf4View& w, int64_t first, int64_t count, uint16_t* out_bf16) {
+  InParallel(w, first, count, out_bf16, [](auto&&... a) { nf4_serial::Avx512(a...); });
+}
+
+void RebuildNf4Rows(const Nf4View& w, int64_t first, int64_t count, float* out) {
+  Nf4HasAvx512() ? RebuildNf4RowsAvx512(w, first, count, out) : RebuildNf4RowsPortable(w, first, count, out);
+}
+void RebuildNf4Rows(const Nf4View& w, int64_t first, int64_t count, uint16_t* out_bf16) {
+  Nf4HasAvx512() ? RebuildNf4RowsAvx512(w, first, count, out_bf16) : RebuildNf4RowsPortable(w, first, count, out_bf16);
+}
+
+}  // namespace amaq
