@@ -56,7 +56,7 @@ void ClientOptionKeys(Keys& keys) {
   keys.Int("eval_examples", &O::eval_examples, "validation examples per evaluation", 1, INT64_MAX);
   keys.Int("eval_batch", &O::eval_batch, "sequences per evaluation request", 1, 1 << 20);
   keys.Group(&O::method_settings, quant::AddClientMethodKeys, quant::ClientMethodSettingsFrom);
-  keys.String("csv", &O::csv_path, "per-step CSV (empty: none), appended to: its step column counts steps done, an evaluation repeats its step's row with the metric, and its run column (the UTC time of the run's first step) tells apart the runs written to one file (scripts/report shows the last)");
+  keys.String("csv", &O::csv_path, "per-step CSV (empty: none), appended to: its step column counts steps done, an evaluation repeats its step's row with the metric, its run column (the UTC time of the run's first step) tells apart the runs written to one file (scripts/report shows the last), and its server column names the server that answered each row (in a replica set, the replica that served it)");
   keys.String("predictions", &O::predictions_path, "CSV of the final evaluation's answers, one line per example: example, expected, predicted, correct (empty: none)");
   keys.String("checkpoint_dir", &O::checkpoint_dir, "directory for this client's checkpoints (empty: none)");
   keys.Int("checkpoint_every", &O::checkpoint_every, "steps between checkpoints; above 2, a client killed between two of them is refused on restart unless accept_divergence (docs/reliability.md)", 1, INT64_MAX);

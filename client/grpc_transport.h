@@ -55,6 +55,7 @@ class GrpcTransport : public Transport {
   bool server_takes_micro_batches() const override { return server_micro_batches_; }
   bool server_scores_targets() const override { return server_score_targets_; }
   bool over_network() const override { return true; }
+  std::string server() const override { return server_; }
   uint64_t bytes_up() const override;
   uint64_t bytes_down() const override;
   // The relay in front of the channel (null without metering): tests use it to break the link.

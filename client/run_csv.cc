@@ -36,9 +36,13 @@ RunCsv::RunCsv(const std::string& path) {
     }
   }
   Require(header.empty() || header == kHeader, ErrorCode::kFailedPrecondition,
-          path + " holds rows under another header (an older amaq's CSV, without the run column, or another file): "
+          path + " holds rows under another header (an older amaq's CSV, without the run or server column, or another file): "
                  "set csv to a new path, or move that file away");
-  if (!last.empty()) last_run_ = last.substr(last.rfind(',') + 1);
+  if (!last.empty()) {  // run is the second last column; server (host:port, no comma) the last
+    const size_t server = last.rfind(',');
+    const size_t run = server == std::string::npos || server == 0 ? std::string::npos : last.rfind(',', server - 1);
+    if (run != std::string::npos) last_run_ = last.substr(run + 1, server - run - 1);
+  }
   const std::filesystem::path folder = std::filesystem::path(path).parent_path();
   std::error_code ec;
   if (!folder.empty()) std::filesystem::create_directories(folder, ec);
@@ -51,12 +55,12 @@ RunCsv::RunCsv(const std::string& path) {
 
 void RunCsv::StartAt(int64_t first_step) { run_ = first_step > 0 && !last_run_.empty() ? last_run_ : UtcNow(); }
 
-void RunCsv::Write(const std::string& client, const std::string& method, const StepRecord& r) {
+void RunCsv::Write(const std::string& client, const std::string& method, const std::string& server, const StepRecord& r) {
   if (run_.empty()) StartAt(0);
   out_ << client << ',' << method << ',' << r.step + 1 << ',' << r.wire_up << ',' << r.wire_down << ',' << r.up.payload
        << ',' << r.up.metadata << ',' << r.down.payload << ',' << r.down.metadata << ',' << r.loss << ','
        << r.average_bits << ',' << (r.metric ? std::to_string(*r.metric) : "") << ',' << r.seconds << ','
-       << (r.applied ? 1 : 0) << ',' << run_ << '\n';
+       << (r.applied ? 1 : 0) << ',' << run_ << ',' << server << '\n';
   out_.flush();
 }
 

@@ -462,7 +462,7 @@ std::vector<uint8_t> SplitClient::GateBits() const { return codec_->GateBits(); 
 double SplitClient::average_bits() const { return records_.empty() ? 0 : records_.back().average_bits; }
 
 void SplitClient::WriteCsv(const StepRecord& r) {
-  if (csv_) csv_->Write(options_.client_id, method_->ToString(), r);
+  if (csv_) csv_->Write(options_.client_id, method_->ToString(), transport_.server(), r);
 }
 
 namespace {

@@ -39,6 +39,9 @@ class Transport {
   // Whether steps cross a network link to the server (not calls within this process): only then
   // can sending a step in parts overlap transfers with compute (MicroBatchChoice).
   virtual bool over_network() const { return false; }
+  // The server the steps go to now: its host:port (a replica set: the replica that serves this
+  // client, once a Join has been sent there); empty in process.
+  virtual std::string server() const { return ""; }
   // Bytes sent and received so far, as the transport measures them (the sockets, for gRPC).
   virtual uint64_t bytes_up() const = 0;
   virtual uint64_t bytes_down() const = 0;

@@ -9,6 +9,8 @@ empty). A run interrupted with Ctrl-C (SIGINT) says so and continues with the sa
 it over. Then the mistakes a first user makes: a folder that is not empty is refused, and a server
 whose tokens file is missing stops before it writes its checkpoint folder.
 """
+import csv as csvlib  # `csv` names a CSV's path below
+import io
 import os
 import shlex
 import signal
@@ -129,8 +131,10 @@ class Quickstart(unittest.TestCase):
             self.assertEqual(server.wait(timeout=60), 0, read(log.name))
         # One CSV, two runs told apart by its run column: the interrupted run continued under one
         # label, the fresh run under another; scripts/report on the folder reports the fresh one.
-        runs = [line.rsplit(",", 1)[1] for line in read(csv).splitlines()[1:]]
+        rows = list(csvlib.DictReader(io.StringIO(read(csv))))
+        runs = [r["run"] for r in rows]
         self.assertEqual(len(set(runs)), 2, runs)
+        self.assertEqual({r["server"] for r in rows}, {f"localhost:{self.port}"}, "the server that answered each row")
         self.assertEqual(runs.count(runs[-1]), 40 + 1, "the fresh run: 40 steps and its evaluation")
         report = subprocess.run([os.path.join(ROOT, "scripts", "report"), os.path.join(self.work, "interrupted")],
                                 capture_output=True, text=True)

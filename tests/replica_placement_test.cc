@@ -91,7 +91,9 @@ TEST(Placement, AClientJoinsTheReplicaItIsSentToAndStaysWithIt) {
   Running a(first), b(owner);
   first.owner = b.address();
   client::GrpcTransport transport = TransportTo(a.address());
+  EXPECT_EQ(transport.server(), a.address());
   EXPECT_EQ(transport.Join(JoinOf("c")), 41);
+  EXPECT_EQ(transport.server(), b.address()) << "what the client's CSV names as the server of its steps";
   EXPECT_EQ(first.joined, std::set<std::string>{"c"});
   EXPECT_EQ(owner.joined, std::set<std::string>{"c"});
   first.joined.clear();

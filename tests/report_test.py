@@ -11,7 +11,7 @@ import unittest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPORT = os.path.join(ROOT, "scripts", "report")
 COLUMNS = ["client", "method", "step", "wire_up_bytes", "wire_down_bytes", "up_payload_bytes", "up_metadata_bytes",
-           "down_payload_bytes", "down_metadata_bytes", "loss", "average_bits", "metric", "seconds", "applied", "run"]
+           "down_payload_bytes", "down_metadata_bytes", "loss", "average_bits", "metric", "seconds", "applied", "run", "server"]
 
 
 def write_run(run, method, client, evaluations, path=None, label="2026-12-07T01:00:00.000Z"):

@@ -1001,20 +1001,25 @@ TEST(SplitTraining, AqsgdCachesSurviveRestartsOfEitherSide) {
   EXPECT_EQ(restarted.Stats().at("client-0").steps, 24) << "each step applied once";
 }
 
-// The runs of a CSV's rows, in the file's order: its last column (client/run_csv.h).
+// The runs of a CSV's rows, in the file's order: its second last column (client/run_csv.h); the
+// last, the server, is empty in process.
 std::vector<std::string> CsvRuns(const std::string& path) {
   std::ifstream in(path);
   std::string line;
   std::getline(in, line);
   EXPECT_EQ(line, client::RunCsv::kHeader);
   std::vector<std::string> runs;
-  while (std::getline(in, line)) runs.push_back(line.substr(line.rfind(',') + 1));
+  while (std::getline(in, line)) {
+    EXPECT_EQ(line.back(), ',') << "no server in process: " << line;
+    const size_t end = line.size() - 1;
+    runs.push_back(line.substr(line.rfind(',', end - 1) + 1, end - line.rfind(',', end - 1) - 1));
+  }
   return runs;
 }
 
 // Issue 55 item 2: every run appended to one CSV is told apart by its run column: a restart that
 // continues the run keeps its label, a --fresh run gets a new one; a CSV of an older amaq (no run
-// column) is refused before anything is written to it.
+// column, or no server column) is refused before anything is written to it.
 TEST(SplitTraining, EachRunOfACsvHasItsOwnLabel) {
   const std::string dir = testing::TinyModelDir("csv-runs");
   const Dataset data = testing::ParityDataset(32);
@@ -1036,19 +1041,23 @@ TEST(SplitTraining, EachRunOfACsvHasItsOwnLabel) {
   EXPECT_NE(runs[5], runs[0]) << "the fresh run is another";
   EXPECT_TRUE(std::all_of(runs.begin() + 5, runs.end(), [&](const std::string& r) { return r == runs[5]; }));
 
-  const std::string old = testing::TempDir("csv-runs-old") + "/client-0.csv";
-  std::ofstream(old) << "client,method,step,wire_up_bytes,wire_down_bytes,up_payload_bytes,up_metadata_bytes,"
-                        "down_payload_bytes,down_metadata_bytes,loss,average_bits,metric,seconds,applied\n"
-                        "client-0,fp32,1,10,10,0,0,0,0,1.0,32,,0.1,1\n";
-  o.csv_path = old;
-  try {
-    client::SplitClient(o, data, transport);
-    ADD_FAILURE() << "an older amaq's CSV was accepted";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kFailedPrecondition);
-    EXPECT_NE(std::string(e.what()).find("without the run column"), std::string::npos) << e.what();
+  const std::string columns =
+      "client,method,step,wire_up_bytes,wire_down_bytes,up_payload_bytes,up_metadata_bytes,down_payload_bytes,"
+      "down_metadata_bytes,loss,average_bits,metric,seconds,applied";
+  for (const std::string& old_csv : {columns + "\nclient-0,fp32,1,10,10,0,0,0,0,1.0,32,,0.1,1\n",
+                                     columns + ",run\nclient-0,fp32,1,10,10,0,0,0,0,1.0,32,,0.1,1,2026-12-07T02:40:26.123Z\n"}) {
+    const std::string old = testing::TempDir("csv-runs-old") + "/client-0.csv";
+    std::ofstream(old) << old_csv;
+    o.csv_path = old;
+    try {
+      client::SplitClient(o, data, transport);
+      ADD_FAILURE() << "an older amaq's CSV was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kFailedPrecondition);
+      EXPECT_NE(std::string(e.what()).find("without the run or server column"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(std::filesystem::file_size(old), old_csv.size()) << "nothing was appended to it";
   }
-  EXPECT_EQ(std::filesystem::file_size(old), 208u) << "nothing was appended to it";
 }
 
 // Issue 55 item 5: training examples longer than max_tokens (a 5 MB line trained as its last 64
