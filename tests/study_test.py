@@ -1,6 +1,8 @@
 #!/usr/bin/python3
 """Tests of scripts/study: the interval formula on known cases, the Pareto frontier, the paired
-difference, and that a second invocation skips the runs already finished (resume)."""
+difference, that a second invocation skips the runs already finished (resume), and that studies
+sharing a folder do not run one run twice."""
+import fcntl
 import importlib.machinery
 import importlib.util
 import json
@@ -155,6 +157,24 @@ class Resume(unittest.TestCase):
                 text = f.read()
             self.assertIn("| bf16 | fixed:3:channel | +0.0000 |", text)
             self.assertIn("None: all 4 runs of the grid are finished.", text)
+
+    def test_a_run_another_study_holds_is_skipped(self):
+        with tempfile.TemporaryDirectory() as d:
+            fake, counter = fake_program(d)
+            grid = os.path.join(d, "grid.yaml")
+            with open(grid, "w") as f:
+                f.write(f"name: t\nprogram: {fake}\nsettings: {{counter: {counter}}}\ntasks: {{wordnet: {{}}}}\n"
+                        "methods: [bf16]\nseeds: [1, 2]\n")
+            out = os.path.join(d, "out")
+            os.makedirs(os.path.join(out, "logs"))
+            with open(os.path.join(out, "logs", "wordnet__bf16__s1.lock"), "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # as a second study running that run holds it
+                run = subprocess.run([os.path.join(ROOT, "scripts", "study"), grid, "--out", out], check=True,
+                                     capture_output=True, text=True)
+            self.assertIn("wordnet__bf16__s1: skipped, another study sharing", run.stdout)
+            with open(counter) as f:
+                self.assertEqual([c for c in f.read().split("\n") if c], ["bf16 2"], "only the run nobody held ran")
+            self.assertFalse(os.path.exists(os.path.join(out, "runs", "wordnet__bf16__s1.json")))
 
     def test_included_folders_count_as_done_and_are_reported(self):
         with tempfile.TemporaryDirectory() as d:
