@@ -123,15 +123,21 @@ def fake_program(folder):
     return fake, os.path.join(folder, "calls")
 
 
+def write_grid(folder, fake, counter, rest, name="t"):
+    """Writes folder/<name>.yaml, a WordNet grid of `fake` logging its calls to `counter`, with the
+    YAML lines `rest` (methods, seeds, ...); returns its path."""
+    path = os.path.join(folder, name + ".yaml")
+    with open(path, "w") as f:
+        f.write(f"name: {name}\nprogram: {fake}\nsettings: {{counter: {counter}}}\ntasks: {{wordnet: {{}}}}\n" + rest)
+    return path
+
+
 class Resume(unittest.TestCase):
     def test_a_second_invocation_skips_finished_runs(self):
         with tempfile.TemporaryDirectory() as d:
             fake, counter = fake_program(d)
-            grid = os.path.join(d, "grid.yaml")
-            with open(grid, "w") as f:
-                f.write(f"name: t\nprogram: {fake}\nsettings: {{counter: {counter}}}\ntasks: {{wordnet: {{}}}}\n"
-                        "methods: [bf16, 'fixed:3:channel']\nseeds: [1, 2]\n"
-                        "compare: [[bf16, 'fixed:3:channel']]\n")
+            grid = write_grid(d, fake, counter, "methods: [bf16, 'fixed:3:channel']\nseeds: [1, 2]\n"
+                                                "compare: [[bf16, 'fixed:3:channel']]\n")
             out = os.path.join(d, "out")
             command = [os.path.join(ROOT, "scripts", "study"), grid, "--out", out, "--jobs", "2"]
             subprocess.run(command, check=True, capture_output=True)
@@ -161,10 +167,7 @@ class Resume(unittest.TestCase):
     def test_a_run_another_study_holds_is_skipped(self):
         with tempfile.TemporaryDirectory() as d:
             fake, counter = fake_program(d)
-            grid = os.path.join(d, "grid.yaml")
-            with open(grid, "w") as f:
-                f.write(f"name: t\nprogram: {fake}\nsettings: {{counter: {counter}}}\ntasks: {{wordnet: {{}}}}\n"
-                        "methods: [bf16]\nseeds: [1, 2]\n")
+            grid = write_grid(d, fake, counter, "methods: [bf16]\nseeds: [1, 2]\n")
             out = os.path.join(d, "out")
             os.makedirs(os.path.join(out, "logs"))
             with open(os.path.join(out, "logs", "wordnet__bf16__s1.lock"), "w") as lock:
@@ -179,17 +182,12 @@ class Resume(unittest.TestCase):
     def test_included_folders_count_as_done_and_are_reported(self):
         with tempfile.TemporaryDirectory() as d:
             fake, counter = fake_program(d)
-            first, second = os.path.join(d, "first.yaml"), os.path.join(d, "second.yaml")
-            with open(first, "w") as f:
-                f.write(f"name: a\nprogram: {fake}\nsettings: {{counter: {counter}}}\ntasks: {{wordnet: {{}}}}\n"
-                        "methods: [bf16]\nseeds: [1, 2]\n")
+            first = write_grid(d, fake, counter, "methods: [bf16]\nseeds: [1, 2]\n", name="a")
             out_a, out_b = os.path.join(d, "a"), os.path.join(d, "b")
             subprocess.run([os.path.join(ROOT, "scripts", "study"), first, "--out", out_a], check=True,
                            capture_output=True)
-            with open(second, "w") as f:
-                f.write(f"name: b\nprogram: {fake}\nsettings: {{counter: {counter}}}\ntasks: {{wordnet: {{}}}}\n"
-                        f"methods: [bf16, 'fixed:3:channel']\nseeds: [1, 2]\ninclude: [{out_a}]\n"
-                        "compare: [[bf16, 'fixed:3:channel']]\n")
+            second = write_grid(d, fake, counter, f"methods: [bf16, 'fixed:3:channel']\nseeds: [1, 2]\ninclude: [{out_a}]\n"
+                                                  "compare: [[bf16, 'fixed:3:channel']]\n", name="b")
             run = subprocess.run([os.path.join(ROOT, "scripts", "study"), second, "--out", out_b], check=True,
                                  capture_output=True, text=True)
             self.assertIn("2 already done, 2 to run", run.stdout)
