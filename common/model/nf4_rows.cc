@@ -1,9 +1,9 @@
 #include "common/model/nf4_rows.h"
 
 #include <ATen/Parallel.h>
-#include <c10/util/BFloat16.h>
 
 #include <algorithm>
+#include <cstring>
 
 namespace amaq {
 namespace {
@@ -12,6 +12,14 @@ constexpr int64_t kGrainElements = int64_t{1} << 15;  // a thread's least share:
 
 float BlockScale(const Nf4View& w, int64_t b) {  // as quant::Nf4Weights::BlockScale
   return std::max(0.0f, w.scale_mean + static_cast<float>(w.scale_codes[b]) * w.scale_steps[b / w.scale_block]);
+}
+
+// c10::BFloat16's rounding to nearest even without its NaN branch (NF4 values are finite), so that
+// the loop vectorises; nf4_rows_avx512.cc keeps its own copy (it shares no inline code).
+uint16_t Bf16Bits(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, sizeof(u));
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
 template <typename Store>
@@ -43,7 +51,7 @@ void Portable(const Nf4View& w, int64_t first, int64_t count, float* out) {
 }
 
 void Portable(const Nf4View& w, int64_t first, int64_t count, uint16_t* out_bf16) {
-  PortablePass(w, first, count, [out_bf16](int64_t i, float v) { out_bf16[i] = c10::BFloat16(v).x; });
+  PortablePass(w, first, count, [out_bf16](int64_t i, float v) { out_bf16[i] = Bf16Bits(v); });
 }
 
 }  // namespace nf4_serial

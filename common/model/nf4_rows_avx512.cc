@@ -20,7 +20,7 @@ float BlockScale(const Nf4View& w, int64_t b) {  // as quant::Nf4Weights::BlockS
   return scale > 0.0f ? scale : 0.0f;
 }
 
-uint16_t Bf16Bits(float v) {  // c10::BFloat16's rounding; NF4 values are never NaN
+uint16_t Bf16Bits(float v) {  // as nf4_rows.cc's: c10::BFloat16's rounding; NF4 values are never NaN
   uint32_t u;
   std::memcpy(&u, &v, sizeof(u));
   return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);

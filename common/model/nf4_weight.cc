@@ -2,7 +2,6 @@
 
 #include <cstring>
 
-#include "common/model/nf4_rows.h"
 
 namespace amaq {
 namespace {
@@ -41,8 +40,7 @@ Nf4Weight Nf4Weight::Quantize(const torch::Tensor& weight, const quant::Nf4Optio
 
 torch::Tensor Nf4Weight::DenseRows(int64_t first, int64_t count, torch::Dtype dtype) const {
   if (!codes_.is_cpu() || (dtype != torch::kFloat && dtype != torch::kBFloat16)) return DenseRowsByTensorOps(first, count, dtype);
-  const Nf4View view{quant::Nf4Levels().data(), codes_.data_ptr<uint8_t>(), scale_codes_.data_ptr<int8_t>(),
-                     scale_steps_.data_ptr<float>(), scale_mean_, block_, scale_block_};
+  const Nf4View view = View();
   torch::Tensor rows = torch::empty({count, in_}, torch::dtype(dtype));
   if (dtype == torch::kFloat) {
     RebuildNf4Rows(view, first * in_, count * in_, rows.data_ptr<float>());
@@ -64,6 +62,11 @@ torch::Tensor Nf4Weight::DenseRowsByTensorOps(int64_t first, int64_t count, torc
   torch::Tensor values = pair_levels_.index_select(0, codes).view({b1 - b0, block_});
   values.mul_(scales.unsqueeze(1));
   return values.view(-1).slice(0, e0 - b0 * block_, e1 - b0 * block_).view({count, in_}).to(dtype);
+}
+
+Nf4View Nf4Weight::View() const {
+  return {quant::Nf4Levels().data(), codes_.data_ptr<uint8_t>(), scale_codes_.data_ptr<int8_t>(),
+          scale_steps_.data_ptr<float>(), scale_mean_, block_, scale_block_};
 }
 
 void Nf4Weight::To(const torch::Device& device) {

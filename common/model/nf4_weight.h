@@ -10,6 +10,7 @@
 
 #include "common/model/frozen_weight.h"
 #include "common/model/nf4.h"
+#include "common/model/nf4_rows.h"
 
 namespace amaq {
 
@@ -26,6 +27,8 @@ class Nf4Weight : public FrozenWeight {
   // The same rows by tensor operations on any device (the table of code pairs): DenseRows' path
   // off the CPU and for other dtypes.
   torch::Tensor DenseRowsByTensorOps(int64_t first, int64_t count, torch::Dtype dtype) const;
+  // The stored form as nf4_rows.h reads it; valid while this weight lives and stays on the CPU.
+  Nf4View View() const;
 
   // Moves the stored tensors (their dtypes never change: codes stay 4-bit whatever the model's).
   void To(const torch::Device& device) override;
