@@ -22,13 +22,23 @@ uint16_t Bf16Bits(float v) {
   return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
+// Per block the 16 levels times its scale (the very products of level x scale), then a code byte
+// at a time: its low nibble for the even weight, its high nibble for the odd one.
 template <typename Store>
 void PortablePass(const Nf4View& w, int64_t first, int64_t count, Store store) {
   const int64_t last = first + count;
   for (int64_t i = first; i < last;) {
     const int64_t b = i / w.block, block_end = std::min(last, (b + 1) * w.block);
     const float scale = BlockScale(w, b);
-    for (; i < block_end; ++i) store(i - first, w.levels[(w.codes[i / 2] >> (4 * (i % 2))) & 0xF] * scale);
+    float scaled[16];
+    for (int l = 0; l < 16; ++l) scaled[l] = w.levels[l] * scale;
+    if (i % 2 == 1) store(i - first, scaled[w.codes[i / 2] >> 4]), ++i;
+    for (; i + 1 < block_end; i += 2) {
+      const uint8_t byte = w.codes[i / 2];
+      store(i - first, scaled[byte & 0xF]);
+      store(i + 1 - first, scaled[byte >> 4]);
+    }
+    if (i < block_end) store(i - first, scaled[w.codes[i / 2] & 0xF]), ++i;
   }
 }
 
