@@ -14,8 +14,8 @@ float BlockScale(const Nf4View& w, int64_t b) {  // as quant::Nf4Weights::BlockS
   return std::max(0.0f, w.scale_mean + static_cast<float>(w.scale_codes[b]) * w.scale_steps[b / w.scale_block]);
 }
 
-// c10::BFloat16's rounding to nearest even without its NaN branch (NF4 values are finite), so that
-// the loop vectorises; nf4_rows_avx512.cc keeps its own copy (it shares no inline code).
+// c10::BFloat16's rounding to nearest even without its NaN branch (NF4 values are finite): no
+// branch per weight. nf4_rows_avx512.cc keeps its own copy (it shares no code with other files).
 uint16_t Bf16Bits(float v) {
   uint32_t u;
   std::memcpy(&u, &v, sizeof(u));
@@ -32,13 +32,19 @@ void PortablePass(const Nf4View& w, int64_t first, int64_t count, Store store) {
     const float scale = BlockScale(w, b);
     float scaled[16];
     for (int l = 0; l < 16; ++l) scaled[l] = w.levels[l] * scale;
-    if (i % 2 == 1) store(i - first, scaled[w.codes[i / 2] >> 4]), ++i;
+    if (i % 2 == 1) {  // a range that begins at an odd weight: the high nibble of its byte
+      store(i - first, scaled[w.codes[i / 2] >> 4]);
+      ++i;
+    }
     for (; i + 1 < block_end; i += 2) {
       const uint8_t byte = w.codes[i / 2];
       store(i - first, scaled[byte & 0xF]);
       store(i + 1 - first, scaled[byte >> 4]);
     }
-    if (i < block_end) store(i - first, scaled[w.codes[i / 2] & 0xF]), ++i;
+    if (i < block_end) {  // one that ends before the byte's high nibble
+      store(i - first, scaled[w.codes[i / 2] & 0xF]);
+      ++i;
+    }
   }
 }
 
