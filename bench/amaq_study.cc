@@ -9,7 +9,7 @@
 //                               report: the held-out split the study reports (never tuned on)
 //   out         the run's result, one JSON object (written atomically at the end)
 //   channels    per-channel cut statistics and, for AMAQ, final widths (0 otherwise), CSV
-//   server_compute_dtype   fp32 | bf16: the server part's (compute_dtype is the client part's)
+//   server_compute_dtype   auto | fp32 | bf16: the server part's (compute_dtype is the client part's)
 //   curve       the run's per-step CSV (the client's own format)
 // The result names its build: the commit and whether the tree was dirty when it was built, the
 // LibTorch version, the compiler and the CPU (scripts/study refuses to pair runs of two commits).
@@ -74,8 +74,8 @@ Config StudyConfig() {
   c.AddString("eval_split", "report", "which split the final metric is measured on", {"tune", "report"});
   c.AddString("out", "", "where the run's JSON result goes (required)");
   c.AddString("channels", "", "per-channel cut statistics (and AMAQ's widths; 0 for other methods) as CSV (empty: none)");
-  c.AddString("server_compute_dtype", "fp32", "dtype of the server layers' activations (compute_dtype: the client's)",
-              {"fp32", "bf16"});
+  c.AddString("server_compute_dtype", "auto", "dtype of the server layers' activations (compute_dtype: the client's)",
+              {"auto", "fp32", "bf16"});
   return c;
 }
 
@@ -163,8 +163,8 @@ int Run(const Config& c) {
   j["method"] = method->ToString();
   j["seed"] = o.seed;
   j["base_weights"] = o.base_weights;
-  j["compute_dtype"] = o.compute_dtype;
-  j["server_compute_dtype"] = s.compute_dtype;
+  j["compute_dtype"] = client.compute_dtype();  // as resolved for this CPU
+  j["server_compute_dtype"] = server.compute_dtype();
   j["steps"] = steps;
   j["batch"] = o.batch;
   j["micro_batches"] = r[steps - 1].parts;  // parts per step (auto in one process: 1): their codec messages are counted in the bytes

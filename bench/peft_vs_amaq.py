@@ -12,9 +12,9 @@ LoraConfig(r=16, lora_alpha=32, the same seven targets), AdamW at 0.002, one tra
 (forward with labels, backward, optimizer step) on random token batches of exactly amaq's shapes,
 step for step; and the same peft step over bitsandbytes' NF4 base (BitsAndBytesConfig load_in_4bit,
 nf4, fp32 compute, prepare_model_for_kbit_training, on the CPU), the peer of amaq's NF4 base.
-The first WARMUP steps of each are not timed. amaq runs once per variant (VARIANTS:
-fp32 compute over fp32 base weights, bf16 compute on both parts, an NF4 base, both, and 4 micro-batches a step
-instead of the default's whole steps in one process), each with the CPU time its process used over its wall time (load included: how many
+The first WARMUP steps of each are not timed. amaq runs once per variant (VARIANTS: its defaults
+(compute_dtype auto), fp32 compute over fp32 base weights, bf16 compute on both parts, an NF4 base, both,
+and 4 micro-batches a step instead of the default's whole steps in one process), each with the CPU time its process used over its wall time (load included: how many
 cores it kept busy). Prints one JSON line per (side, variant, threads) and a markdown table; run it
 on a quiet machine (it measures wall time).
 """
@@ -36,12 +36,15 @@ import peft  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 WARMUP = 2
+FP32 = ["--compute_dtype=fp32", "--server_compute_dtype=fp32"]
+BF16 = ["--compute_dtype=bf16", "--server_compute_dtype=bf16"]
 VARIANTS = {
-    "fp32": [],
-    "bf16-compute": ["--compute_dtype=bf16", "--server_compute_dtype=bf16"],
-    "nf4": ["--base_weights=nf4"],
-    "nf4+bf16-compute": ["--base_weights=nf4", "--compute_dtype=bf16", "--server_compute_dtype=bf16"],
-    "fp32-4-micro-batches": ["--micro_batches=4"],  # the default until auto (1 in one process)
+    "default": [],  # compute_dtype auto: bf16 where the CPU has bf16 arithmetic, else fp32
+    "fp32": FP32,
+    "bf16-compute": BF16,
+    "nf4": ["--base_weights=nf4"] + FP32,
+    "nf4+bf16-compute": ["--base_weights=nf4"] + BF16,
+    "fp32-4-micro-batches": ["--micro_batches=4"] + FP32,  # the default until auto (1 in one process)
 }
 
 

@@ -84,7 +84,11 @@ SplitClient::SplitClient(ClientOptions options, Dataset data, Transport& transpo
   LoadPartWeights(part_, options_.model_dir);
   part_->AddLora(options_.lora, options_.seed);
   part_->set_recompute_layers(options_.recompute_layers);
-  part_->set_compute_dtype(ParseComputeDtype(options_.compute_dtype));
+  part_->set_compute_dtype(ParseComputeDtype(options_.compute_dtype, torch::kCPU));
+  if (options_.compute_dtype == "auto") {
+    spdlog::info("client {}: compute_dtype auto: {} on this CPU ({} bf16 arithmetic)", options_.client_id, compute_dtype(),
+                 compute_dtype() == "bf16" ? "it has" : "it lacks");
+  }
   const std::vector<torch::Tensor> trainable = part_->TrainableParameters();
   if (!trainable.empty()) {
     optimizer_ = std::make_unique<torch::optim::AdamW>(trainable, torch::optim::AdamWOptions(options_.lr).weight_decay(0.0));
@@ -105,6 +109,8 @@ SplitClient::SplitClient(ClientOptions options, Dataset data, Transport& transpo
 }
 
 SplitClient::~SplitClient() = default;
+
+std::string SplitClient::compute_dtype() const { return ComputeDtypeName(part_->compute_dtype()); }
 
 void SplitClient::WarnOfCutExamples() const {
   size_t cut = 0, longest = 0;

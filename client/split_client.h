@@ -59,7 +59,7 @@ struct ClientOptions {
   std::string method = "amaq:8->2:budget=3:grad=4:token:symmetric";  // docs/study.md
   std::string base_weights = "fp32";  // fp32 | bf16 | nf4 | int8 (common/model/base_weights.h); the server's must match
   bool recompute_layers = false;      // activation recomputation of the client's layers
-  std::string compute_dtype = "fp32";  // fp32 | bf16: the client layers' activations (LoRA stays fp32)
+  std::string compute_dtype = "auto";  // fp32 | bf16 | auto: the client layers' activations (LoRA stays fp32; common/model/compute_dtype.h)
   LoraConfig lora;
   double lr = 2e-3;
   double max_grad_norm = 0;      // clip the client LoRA's gradient norm per step (0: no clipping)
@@ -160,6 +160,8 @@ class SplitClient {
   // This client's LoRA tensors (names as in PEFT), as SyncAdapters uploads them.
   NamedFloats Adapter();
   const std::vector<StepRecord>& records() const { return records_; }
+  // The client layers' compute dtype as resolved for this CPU ("fp32" or "bf16").
+  std::string compute_dtype() const;
   double average_bits() const;
   // AMAQ's integer width per gate now (empty for other methods).
   std::vector<uint8_t> GateBits() const;

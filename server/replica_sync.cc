@@ -25,7 +25,7 @@ ReplicaIdentity IdentityOf(const SplitServer& server, const ServerOptions& optio
   return {{"model_and_cut", server.fingerprint()},
           {"cut_layer", std::to_string(options.cut_layer)},
           {"base_weights", options.base_weights},
-          {"compute_dtype", options.compute_dtype},
+          {"compute_dtype", server.compute_dtype()},  // as resolved: "auto" may differ between hosts
           {"lora_rank", std::to_string(options.lora.rank)},
           {"lora_alpha", Number(options.lora.alpha)},
           {"lora_dropout", Number(options.lora.dropout)},

@@ -37,9 +37,10 @@ void ServerOptionKeys(Keys& keys) {
   keys.String("base_weights", &O::base_weights, "how the frozen base weights are held (docs/model.md); clients must match",
               {"fp32", "bf16", "nf4", "int8"});
   keys.String("compute_dtype", &O::compute_dtype,
-              "dtype of the server layers' activations; LoRA stays fp32 (bf16: faster on a GPU or a CPU with bf16 arithmetic; "
-              "the wire stays as the method says)",
-              {"fp32", "bf16"});
+              "dtype of the server layers' activations; LoRA stays fp32 (auto: bf16 on a GPU or a CPU with bf16 arithmetic, "
+              "where it is faster at equal accuracy, fp32 elsewhere; fp32: exact against transformers; the wire stays as the "
+              "method says)",
+              {"auto", "fp32", "bf16"});
   keys.Group(&O::lora, AddLoraKeys, LoraFromConfig);
   keys.Double("lr", &O::lr, "AdamW learning rate of the server's LoRA", 0, 10);
   keys.Double("max_grad_norm", &O::max_grad_norm, "clip the server LoRA's gradient norm each step (0: off)", 0, 1e9);

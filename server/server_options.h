@@ -17,7 +17,7 @@ struct ServerOptions {
   int64_t cut_layer = 2;
   std::string device = "auto";  // auto | cpu | cuda
   std::string base_weights = "fp32";  // fp32 | bf16 | nf4 | int8 (common/model/base_weights.h); clients must match
-  std::string compute_dtype = "fp32";  // fp32 | bf16: the server layers' activations (LoRA stays fp32; common/model/compute_dtype.h)
+  std::string compute_dtype = "auto";  // fp32 | bf16 | auto: the server layers' activations (LoRA stays fp32; common/model/compute_dtype.h)
   LoraConfig lora;
   double lr = 2e-3;
   double max_grad_norm = 0;  // clip the server LoRA's gradient norm per step (0: no clipping)

@@ -56,7 +56,7 @@ SplitServer::SplitServer(ServerOptions options) : options_(std::move(options)) {
   LoadPartWeights(part_, options_.model_dir);
   part_->AddLora(options_.lora, options_.seed);
   part_->to(device_);
-  part_->set_compute_dtype(ParseComputeDtype(options_.compute_dtype));
+  part_->set_compute_dtype(ParseComputeDtype(options_.compute_dtype, device_));
   const NamedTensors named_lora = part_->LoraParameters();
   std::vector<torch::Tensor> initial_lora;  // the seeded start of every LoRA the sessions train
   for (const auto& p : part_->TrainableParameters()) {
@@ -76,10 +76,12 @@ SplitServer::SplitServer(ServerOptions options) : options_(std::move(options)) {
   store_ = std::make_unique<SessionStore>(options_, config_, std::move(initial_lora));
   spdlog::info("server part: layers [{}, {}) + head of {} on {}, {} base weights ({:.1f} MB) computing in {}, {} LoRA "
                "tensors, fingerprint {}", options_.cut_layer, config_.num_hidden_layers, options_.model_dir, device_name_,
-               options_.base_weights, part_->BaseWeightBytes() / 1e6, options_.compute_dtype, lora_names_.size(), fingerprint_);
+               options_.base_weights, part_->BaseWeightBytes() / 1e6, compute_dtype(), lora_names_.size(), fingerprint_);
 }
 
 SplitServer::~SplitServer() = default;
+
+std::string SplitServer::compute_dtype() const { return ComputeDtypeName(part_->compute_dtype()); }
 
 StepShapeLimits SplitServer::step_limits() const {
   StepShapeLimits limits;

@@ -64,6 +64,8 @@ class SplitServer {
   const std::string& fingerprint() const { return fingerprint_; }
   const std::string& device() const { return device_name_; }
   const ModelConfig& config() const { return config_; }
+  // The server layers' compute dtype as resolved for the device ("fp32" or "bf16").
+  std::string compute_dtype() const;
   // The memory budgets in bytes (max_step_memory_mb, max_client_memory_mb resolved for the device).
   uint64_t step_budget() const { return step_budget_; }
   uint64_t client_budget() const { return client_budget_; }

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
 
 #include "common/model/checkpoint.h"
 #include "common/model/compute_dtype.h"
@@ -525,7 +526,7 @@ TEST(ComputeDtype, Bf16ActivationsFollowFp32WithFp32Parameters) {
     SplitModels fp32 = MakeSplit(c, 2, dir, format);
     torch::manual_seed(12);
     SplitModels bf16 = MakeSplit(c, 2, dir, format);
-    bf16.whole->set_compute_dtype(ParseComputeDtype("bf16"));
+    bf16.whole->set_compute_dtype(ParseComputeDtype("bf16", torch::kCPU));
     auto [ids, mask] = Batch(c);
     const torch::Tensor labels = ids.masked_fill(mask == 0, -100);
     const torch::Tensor want = fp32.whole(ids, mask);
@@ -547,10 +548,32 @@ TEST(ComputeDtype, Bf16ActivationsFollowFp32WithFp32Parameters) {
           << name << " " << ToString(format);
     }
   }
-  EXPECT_THROW(ParseComputeDtype("fp16"), Error);
   ModelPart part(c, PartSpec::Client(1));
   EXPECT_THROW(part->set_compute_dtype(torch::kInt), Error);
   EXPECT_EQ(part->compute_dtype(), torch::kFloat);
+}
+
+// auto is bf16 exactly where the device has bf16 arithmetic: on the CPU, where the kernel's
+// /proc/cpuinfo lists AVX512_BF16 or AMX-BF16 (the program asks the CPU itself, by cpuid).
+TEST(ComputeDtype, AutoIsBf16WhereTheDeviceComputesItNatively) {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line, flags;
+  while (std::getline(cpuinfo, line) && flags.empty()) {
+    if (line.rfind("flags", 0) == 0) flags = line + " ";
+  }
+  ASSERT_FALSE(flags.empty()) << "no flags line in /proc/cpuinfo";
+  const bool native = flags.find(" avx512_bf16 ") != std::string::npos || flags.find(" amx_bf16 ") != std::string::npos;
+  EXPECT_EQ(ComputesBf16Natively(torch::kCPU), native);
+  EXPECT_EQ(ParseComputeDtype("auto", torch::kCPU), native ? torch::kBFloat16 : torch::kFloat);
+  EXPECT_EQ(ParseComputeDtype("auto", torch::Device(torch::kCUDA, 0)), torch::kBFloat16);
+  for (const torch::Device device : {torch::Device(torch::kCPU), torch::Device(torch::kCUDA, 0)}) {
+    EXPECT_EQ(ParseComputeDtype("fp32", device), torch::kFloat);
+    EXPECT_EQ(ParseComputeDtype("bf16", device), torch::kBFloat16);
+  }
+  EXPECT_EQ(ComputeDtypeName(torch::kFloat), "fp32");
+  EXPECT_EQ(ComputeDtypeName(torch::kBFloat16), "bf16");
+  EXPECT_THROW(ComputeDtypeName(torch::kHalf), Error);
+  EXPECT_THROW(ParseComputeDtype("fp16", torch::kCPU), Error);
 }
 
 TEST(Recompute, LoraDropoutIsRefused) {

@@ -9,6 +9,7 @@
 #include <future>
 #include <thread>
 
+#include "common/model/compute_dtype.h"
 #include "inproc/local_transport.h"
 #include "replica_test_util.h"
 #include "tiny_model.h"
@@ -150,8 +151,15 @@ TEST(ReplicaSync, TheIdentityNamesWhatMakesReplicasOneRun) {
   other.lr = 0.5;
   other.lora.rank = 4;
   other.compute_dtype = "bf16";
-  EXPECT_EQ(IdentityDifferences(IdentityOf(server, other), identity),
+  SplitServer bf16(other);
+  EXPECT_EQ(IdentityDifferences(IdentityOf(bf16, other), identity),
             "compute_dtype: bf16 here, fp32 at rank 0; lora_rank: 4 here, 8 at rank 0; lr: 0.5 here, 0.01 at rank 0");
+  // auto is named as this host resolved it: a replica on a CPU with bf16 arithmetic and one without differ.
+  other = options;
+  other.compute_dtype = "auto";
+  SplitServer automatic(other);
+  EXPECT_EQ(IdentityDifferences(IdentityOf(automatic, other), identity),
+            ComputesBf16Natively(torch::kCPU) ? "compute_dtype: bf16 here, fp32 at rank 0" : "");
   other = options;
   other.cut_layer = 1;
   SplitServer cut_elsewhere(other);

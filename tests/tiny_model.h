@@ -66,6 +66,7 @@ inline server::ServerOptions TinyServerOptions(const std::string& dir) {
   o.lora = AllTargets();
   o.lr = 1e-2;
   o.seed = 7;
+  o.compute_dtype = "fp32";  // not auto: the margins are fp32's, and auto's choice depends on the CPU
   return o;
 }
 
@@ -81,6 +82,7 @@ inline client::ClientOptions TinyClientOptions(const std::string& dir, const std
   o.steps = steps;
   o.batch = 8;
   o.micro_batches = 4;  // fixed: over a network auto's count depends on timing, and the tests repeat runs bit for bit
+  o.compute_dtype = "fp32";  // not auto: the margins are fp32's, and auto's choice depends on the CPU
   o.seed = 7;
   o.eval_examples = 8;
   o.progress = false;
