@@ -56,7 +56,7 @@ struct ClientOptions {
   std::string client_id = "client-0";
   std::string model_dir = "models/amaq-base";
   int64_t cut_layer = 2;
-  std::string method = "amaq:8->2:budget=3:grad=4:token:symmetric";  // docs/study.md
+  std::string method = "fixed:3:channel:grad=4:token:symmetric";  // docs/study.md, "SmolLM2"
   std::string base_weights = "fp32";  // fp32 | bf16 | nf4 | int8 (common/model/base_weights.h); the server's must match
   bool recompute_layers = false;      // activation recomputation of the client's layers
   std::string compute_dtype = "auto";  // fp32 | bf16 | auto: the client layers' activations (LoRA stays fp32; common/model/compute_dtype.h)

@@ -139,7 +139,7 @@ class Quickstart(unittest.TestCase):
         report = subprocess.run([os.path.join(ROOT, "scripts", "report"), os.path.join(self.work, "interrupted")],
                                 capture_output=True, text=True)
         self.assertEqual(report.returncode, 0, report.stderr)
-        row = next(line for line in report.stdout.splitlines() if line.startswith("| amaq"))
+        row = next(line for line in report.stdout.splitlines() if line.startswith("| fixed:3:channel"))
         self.assertEqual(row.split("|")[2].strip(), "40", row)
         self.assertIn(os.path.join("client-1", "adapter"), row)
         self.assertIn("1 earlier run(s)", read(os.path.join(self.work, "interrupted", "report.md")))
