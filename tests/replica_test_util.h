@@ -3,11 +3,11 @@
 #pragma once
 
 #include <arpa/inet.h>
-#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -15,16 +15,18 @@
 
 namespace amaq::testing {
 
-// A loopback port free at the time of the call (bound to port 0, read, closed).
+// A loopback port free at the time of the call (bound to port 0, read, closed); std::runtime_error
+// when the system gives none. No gtest here: bench/bench_replica_sync.cc uses it too.
 inline int FreeLoopbackPort() {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in address{};
   address.sin_family = AF_INET;
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t length = sizeof(address);
-  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
-  EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length), 0);
-  close(fd);
+  const bool bound = fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+                     getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
+  if (fd >= 0) close(fd);
+  if (!bound) throw std::runtime_error("no free loopback port: check that 127.0.0.1 is up");
   return ntohs(address.sin_port);
 }
 
