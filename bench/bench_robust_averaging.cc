@@ -8,13 +8,10 @@
 // with its 95% t interval over the seeds.
 //   bench_robust_averaging [MODEL_DIR] [DATA_DIR] [SEEDS] [STEPS] [EVAL_EXAMPLES] [SYNC_EVERY]
 //   (defaults: models/amaq-base data 3 200 500 10)
-#include <boost/math/distributions/students_t.hpp>
 #include <spdlog/spdlog.h>
 
-#include <cmath>
 #include <cstdio>
 #include <memory>
-#include <numeric>
 #include <string>
 #include <vector>
 
@@ -22,6 +19,7 @@
 #include "common/model/threads.h"
 #include "common/text/datasets.h"
 #include "inproc/local_transport.h"
+#include "paired_interval.h"
 #include "server/split_server.h"
 
 using namespace amaq;
@@ -104,13 +102,7 @@ int main(int argc, char** argv) {
       std::printf("%-13s %5d %10.4f %10.4f %+10.4f\n", rule.c_str(), seed, honest, attacked, attacked - honest);
       std::fflush(stdout);
     }
-    const double n = static_cast<double>(differences.size());
-    const double mean = std::accumulate(differences.begin(), differences.end(), 0.0) / n;
-    double ss = 0;
-    for (double d : differences) ss += (d - mean) * (d - mean);
-    const double half = differences.size() > 1
-                            ? boost::math::quantile(boost::math::students_t(n - 1), 0.975) * std::sqrt(ss / (n - 1) / n)
-                            : NAN;
+    const auto [mean, half] = bench::PairedDifference(differences);
     std::printf("%-13s  Byzantine - honest: %+.2f points, 95%% interval %+.2f..%+.2f (%d seeds)\n", rule.c_str(), 100 * mean,
                 100 * (mean - half), 100 * (mean + half), seeds);
   }
