@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_clients.h"
 #include "client/split_client.h"
 #include "common/model/threads.h"
 #include "common/text/datasets.h"
@@ -68,20 +69,10 @@ double MeanAccuracy(const std::string& model, const Dataset& all, uint64_t seed,
   std::vector<std::unique_ptr<inproc::LocalTransport>> transports;
   std::vector<std::unique_ptr<client::SplitClient>> clients;
   for (int k = 0; k < kClients; ++k) {
-    Dataset mine = all;
-    mine.train.clear();
-    for (size_t i = static_cast<size_t>(k); i < all.train.size(); i += kClients) mine.train.push_back(all.train[i]);
-    client::ClientOptions o;
-    o.client_id = "client-" + std::to_string(k);
-    o.model_dir = model;
-    o.seed = seed;
-    o.steps = rounds;
-    o.max_tokens = 48;  // docs/study.md's WordNet settings
-    o.micro_batches = 1;  // a shared LoRA takes whole steps
-    o.eval_examples = eval_examples;
-    o.progress = false;
+    bench::BenchClient c = bench::BenchClientOf(all, k, kClients, model, seed, rounds, eval_examples);
+    c.options.micro_batches = 1;  // a shared LoRA takes whole steps
     transports.push_back(std::make_unique<inproc::LocalTransport>(*set[static_cast<size_t>(k % replicas)].server));
-    clients.push_back(std::make_unique<client::SplitClient>(o, std::move(mine), *transports.back()));
+    clients.push_back(std::make_unique<client::SplitClient>(c.options, std::move(c.data), *transports.back()));
     clients.back()->Join();
   }
   for (int64_t round = 0; round < rounds; ++round) {

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_clients.h"
 #include "client/split_client.h"
 #include "common/model/threads.h"
 #include "common/text/datasets.h"
@@ -51,21 +52,11 @@ double HonestAccuracy(const std::string& model, const Dataset& all, const std::s
   std::vector<std::unique_ptr<inproc::LocalTransport>> transports;
   std::vector<std::unique_ptr<client::SplitClient>> clients;
   for (int k = 0; k < kClients; ++k) {
-    Dataset mine = all;
-    mine.train.clear();
-    for (size_t i = static_cast<size_t>(k); i < all.train.size(); i += kClients) mine.train.push_back(all.train[i]);
-    client::ClientOptions o;
-    o.client_id = "client-" + std::to_string(k);
-    o.model_dir = model;
-    o.seed = seed;
-    o.steps = steps;
-    o.max_tokens = 48;  // docs/study.md's WordNet settings
-    o.eval_examples = eval_examples;
-    o.sync_every = sync_every;
-    o.progress = false;
+    bench::BenchClient c = bench::BenchClientOf(all, k, kClients, model, seed, steps, eval_examples);
+    c.options.sync_every = sync_every;
     const bool bad = byzantine && k == kClients - 1;
     transports.push_back(bad ? std::make_unique<ByzantineTransport>(server) : std::make_unique<inproc::LocalTransport>(server));
-    clients.push_back(std::make_unique<client::SplitClient>(o, std::move(mine), *transports.back()));
+    clients.push_back(std::make_unique<client::SplitClient>(c.options, std::move(c.data), *transports.back()));
     clients.back()->Join();
   }
   for (int64_t step = 0; step < steps; ++step) {
