@@ -3,13 +3,14 @@
 // messages the network path would send, so a run costs compute and no TLS. scripts/study runs the
 // grid (methods x budgets x seeds x tasks) through it, in parallel and resumably.
 //
-// Settings: every amaq-client key (docs/configuration.md; base_weights sets both parts') plus the
+// Settings: every amaq-client key (docs/configuration.md; base_weights sets both parts'; compute_dtype
+// defaults to fp32 here, not auto, so that a grid's numerics do not depend on the CPU) plus the
 // study's own:
 //   eval_split  tune | report   tune: the data set's validation split (to choose settings on);
 //                               report: the held-out split the study reports (never tuned on)
 //   out         the run's result, one JSON object (written atomically at the end)
 //   channels    per-channel cut statistics and, for AMAQ, final widths (0 otherwise), CSV
-//   server_compute_dtype   auto | fp32 | bf16: the server part's (compute_dtype is the client part's)
+//   server_compute_dtype   auto | fp32 | bf16: the server part's (default fp32; compute_dtype is the client part's)
 //   curve       the run's per-step CSV (the client's own format)
 // The result names its build: the commit and whether the tree was dirty when it was built, the
 // LibTorch version, the compiler and the CPU (scripts/study refuses to pair runs of two commits).
@@ -71,10 +72,13 @@ std::string CpuModel() {
 
 Config StudyConfig() {
   Config c = client::ClientConfig("amaq-study");
+  // The instrument computes in fp32 on every machine unless a grid names bf16: compute_dtype auto
+  // would make a grid resumed on a CPU without bf16 arithmetic mix dtypes within one build.
+  c.SetDefault("compute_dtype", "fp32");
   c.AddString("eval_split", "report", "which split the final metric is measured on", {"tune", "report"});
   c.AddString("out", "", "where the run's JSON result goes (required)");
   c.AddString("channels", "", "per-channel cut statistics (and AMAQ's widths; 0 for other methods) as CSV (empty: none)");
-  c.AddString("server_compute_dtype", "auto", "dtype of the server layers' activations (compute_dtype: the client's)",
+  c.AddString("server_compute_dtype", "fp32", "dtype of the server layers' activations (compute_dtype: the client's)",
               {"auto", "fp32", "bf16"});
   return c;
 }

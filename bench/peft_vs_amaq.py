@@ -39,7 +39,7 @@ WARMUP = 2
 FP32 = ["--compute_dtype=fp32", "--server_compute_dtype=fp32"]
 BF16 = ["--compute_dtype=bf16", "--server_compute_dtype=bf16"]
 VARIANTS = {
-    "default": [],  # compute_dtype auto: bf16 where the CPU has bf16 arithmetic, else fp32
+    "default": ["--compute_dtype=auto", "--server_compute_dtype=auto"],  # the programs' default (amaq-study's is fp32)
     "fp32": FP32,
     "bf16-compute": BF16,
     "nf4": ["--base_weights=nf4"] + FP32,

@@ -42,6 +42,27 @@ TEST(Config, FlagsOverrideTheFileWhichOverridesDefaults) {
   EXPECT_NE(c.Dump().find("cut_layer: 1"), std::string::npos);
 }
 
+// A program built on another's keys gives one another default; the file and the flags still override
+// it, and a default outside what the key allows is refused as a value would be.
+TEST(Config, AnotherDefaultIsCheckedAndStillOverridden) {
+  Config c = Make();
+  c.SetDefault("method", "fp32");
+  c.SetDefault("cut_layer", "3");
+  c.Load("", "test.yaml", {});
+  EXPECT_EQ(c.String("method"), "fp32");
+  EXPECT_EQ(c.Int("cut_layer"), 3);
+  EXPECT_NE(c.Help().find("default fp32"), std::string::npos) << c.Help();
+  Config overridden = Make();
+  overridden.SetDefault("method", "fp32");
+  overridden.Load("method: bf16\n", "test.yaml", {});
+  EXPECT_EQ(overridden.String("method"), "bf16");
+  Config bad = Make();
+  EXPECT_THROW(bad.SetDefault("method", "fp16"), Error);
+  EXPECT_THROW(bad.SetDefault("cut_layer", "9"), Error);
+  EXPECT_THROW(bad.SetDefault("colour", "red"), Error);
+  EXPECT_EQ(bad.String("method"), "bf16") << "a refused default leaves the old one";
+}
+
 // Programs log Dump() at start: a token given inline stays out of the log, its file's path does not.
 TEST(Config, TheLoggedSettingsHideTokens) {
   Config c = Make();

@@ -47,6 +47,8 @@ void Config::AddStrings(const std::string& key, const std::string& help) {
   order_.push_back(key);
 }
 
+void Config::SetDefault(const std::string& key, const std::string& text) { Set(key, text, program_ + "'s default"); }
+
 void Config::AddString(const std::string& key, const std::string& fallback, const std::string& help,
                        std::vector<std::string> allowed) {
   entries_[key] = Entry{Type::kString, fallback, {}, help, std::move(allowed)};

@@ -24,6 +24,9 @@ class Config {
   // A list of strings: a YAML sequence (or one scalar) in the file; each `--key value` flag adds
   // one, and the flags replace the file's list. Empty by default.
   void AddStrings(const std::string& key, const std::string& help);
+  // Gives a key already added another default (a program built on another's keys, as amaq-study
+  // on amaq-client's), checked as a value from the file would be. Call it before Parse or Load.
+  void SetDefault(const std::string& key, const std::string& text);
 
   // Reads `--config FILE` (if given) and the other flags. Returns false when --help was asked
   // for (the help has been printed). Throws amaq::Error (kInvalidArgument), a missing --config
