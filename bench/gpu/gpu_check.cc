@@ -81,11 +81,13 @@ int RunSplit(const SplitCheck& c) {
   so.lora = local.lora;
   so.lr = local.lr;
   so.seed = local.seed;
+  so.compute_dtype = "fp32";  // as the unsplit reference (auto would be bf16 on a GPU or a CPU with bf16 arithmetic)
   server::SplitServer server(so);
   client::ClientOptions co;
   co.model_dir = c.model_dir;
   co.cut_layer = so.cut_layer;
   co.method = "fp32";
+  co.compute_dtype = "fp32";
   co.lora = local.lora;
   co.lr = local.lr;
   co.steps = c.steps;
