@@ -556,6 +556,7 @@ TEST(ComputeDtype, Bf16ActivationsFollowFp32WithFp32Parameters) {
 // auto is bf16 exactly where the device has bf16 arithmetic: on the CPU, where the kernel's
 // /proc/cpuinfo lists AVX512_BF16 or AMX-BF16 (the program asks the CPU itself, by cpuid).
 TEST(ComputeDtype, AutoIsBf16WhereTheDeviceComputesItNatively) {
+#if defined(__x86_64__)
   std::ifstream cpuinfo("/proc/cpuinfo");
   std::string line, flags;
   while (std::getline(cpuinfo, line) && flags.empty()) {
@@ -563,6 +564,9 @@ TEST(ComputeDtype, AutoIsBf16WhereTheDeviceComputesItNatively) {
   }
   ASSERT_FALSE(flags.empty()) << "no flags line in /proc/cpuinfo";
   const bool native = flags.find(" avx512_bf16 ") != std::string::npos || flags.find(" amx_bf16 ") != std::string::npos;
+#else
+  const bool native = false;  // auto stays fp32 on other CPUs
+#endif
   EXPECT_EQ(ComputesBf16Natively(torch::kCPU), native);
   EXPECT_EQ(ParseComputeDtype("auto", torch::kCPU), native ? torch::kBFloat16 : torch::kFloat);
   EXPECT_EQ(ParseComputeDtype("auto", torch::Device(torch::kCUDA, 0)), torch::kBFloat16);
